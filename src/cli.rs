@@ -1,0 +1,252 @@
+//! Command-line interface. Every `serve` flag can also be set by an environment
+//! variable (`CDS_GUARD_…`), which is how the Deployment configures it.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{Config, Mode, PolicyConfig};
+
+/// Keeps CDS worker secrets alive while their pods need them.
+#[derive(Debug, Parser)]
+#[command(name = "cds-secret-guard", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the admission webhooks (TLS) and the probes and metrics (plain HTTP).
+    Serve(Box<ServeArgs>),
+    /// Write a development CA and a serving certificate signed by it.
+    Certs(CertsArgs),
+    /// Print the webhook configurations for a guard reachable at a URL.
+    Webhooks(WebhooksArgs),
+}
+
+/// Flags of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address of the TLS admission server.
+    #[arg(long, env = "CDS_GUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// Serving certificate (PEM), reloaded when the file changes.
+    #[arg(
+        long,
+        env = "CDS_GUARD_TLS_CERT",
+        default_value = "/etc/cds-secret-guard/tls/tls.crt"
+    )]
+    pub tls_cert: PathBuf,
+
+    /// Serving key (PEM), reloaded when the file changes.
+    #[arg(long, env = "CDS_GUARD_TLS_KEY", default_value = "/etc/cds-secret-guard/tls/tls.key")]
+    pub tls_key: PathBuf,
+
+    /// Address of the plain-HTTP server for /healthz, /readyz and /metrics.
+    #[arg(long, env = "CDS_GUARD_PROBE_LISTEN", default_value = "0.0.0.0:8080")]
+    pub probe_listen: SocketAddr,
+
+    /// A worker secret younger than this is never deleted (e.g. 10m, 90s).
+    #[arg(long, env = "CDS_GUARD_GRACE_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub grace_period: Duration,
+
+    /// Deadline of the apiserver reads behind one decision; past it, deletes are denied.
+    #[arg(long, env = "CDS_GUARD_LOOKUP_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub lookup_timeout: Duration,
+
+    /// Deadline of a whole admission request; keep it below the webhooks' timeoutSeconds.
+    #[arg(long, env = "CDS_GUARD_REQUEST_TIMEOUT", default_value = "4s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Name prefix of protected secrets (repeatable; comma-separated in the variable).
+    #[arg(
+        long = "secret-prefix",
+        env = "CDS_GUARD_SECRET_PREFIXES",
+        value_delimiter = ',',
+        default_values_t = [String::from("cds-worker-config-"), String::from("cds-worker-registry-")]
+    )]
+    pub secret_prefixes: Vec<String>,
+
+    /// Label naming the worker on secrets and pods.
+    #[arg(long, env = "CDS_GUARD_WORKER_LABEL", default_value = "CDS_WORKER_NAME")]
+    pub worker_label: String,
+
+    /// Label naming the hatchery on secrets and pods.
+    #[arg(long, env = "CDS_GUARD_HATCHERY_LABEL", default_value = "CDS_HATCHERY_NAME")]
+    pub hatchery_label: String,
+
+    /// User allowed to delete protected secrets without checks (repeatable).
+    #[arg(
+        long = "exempt-user",
+        env = "CDS_GUARD_EXEMPT_USERS",
+        value_delimiter = ',',
+        default_values_t = [String::from("system:serviceaccount:kube-system:namespace-controller")]
+    )]
+    pub exempt_users: Vec<String>,
+
+    /// Group allowed to delete protected secrets without checks (repeatable).
+    #[arg(long = "exempt-group", env = "CDS_GUARD_EXEMPT_GROUPS", value_delimiter = ',')]
+    pub exempt_groups: Vec<String>,
+
+    /// `enforce` denies; `warn` allows but returns the reasons as warnings.
+    #[arg(long, env = "CDS_GUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
+    pub mode: Mode,
+
+    /// How often the certificate files are checked for changes.
+    #[arg(long, env = "CDS_GUARD_TLS_RELOAD_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[arg(long, env = "CDS_GUARD_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log format.
+    #[arg(long, env = "CDS_GUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line (the default: audit lines are meant for machines).
+    Json,
+    /// Human-readable text.
+    Text,
+}
+
+/// Flags of `certs`.
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory to write `ca.crt`, `ca.key`, `tls.crt` and `tls.key` to. An existing
+    /// CA there is reused, so a new serving certificate is trusted by the old caBundle.
+    #[arg(long)]
+    pub out: PathBuf,
+
+    /// DNS name or IP address the serving certificate is valid for (repeatable).
+    #[arg(long = "host", required = true)]
+    pub hosts: Vec<String>,
+}
+
+/// Flags of `webhooks`.
+#[derive(Debug, Args)]
+pub struct WebhooksArgs {
+    /// Base URL of the guard, e.g. `https://127.0.0.1:8443`.
+    #[arg(long)]
+    pub url: String,
+
+    /// CA certificate (PEM) that signed the guard's serving certificate.
+    #[arg(long)]
+    pub ca_bundle: PathBuf,
+
+    /// Namespace the guard runs in, left out of the secret webhook.
+    #[arg(long, default_value = "cds-secret-guard")]
+    pub guard_namespace: String,
+
+    /// Name prefixes of protected secrets, as given to `serve`.
+    #[arg(
+        long = "secret-prefix",
+        value_delimiter = ',',
+        default_values_t = [String::from("cds-worker-config-"), String::from("cds-worker-registry-")]
+    )]
+    pub secret_prefixes: Vec<String>,
+
+    /// Worker label, as given to `serve`.
+    #[arg(long, default_value = "CDS_WORKER_NAME")]
+    pub worker_label: String,
+
+    /// Seconds the apiserver waits for the guard (at most 5 for the secret webhook).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=5))]
+    pub timeout_seconds: i32,
+}
+
+// === impl ServeArgs ===
+
+impl ServeArgs {
+    /// The server configuration these flags describe.
+    pub fn into_config(self) -> Config {
+        Config {
+            listen: self.listen,
+            probe_listen: self.probe_listen,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            tls_reload_interval: self.tls_reload_interval,
+            request_timeout: self.request_timeout,
+            shutdown_timeout: self.shutdown_timeout,
+            policy: PolicyConfig {
+                grace_period: self.grace_period,
+                lookup_timeout: self.lookup_timeout,
+                secret_prefixes: self.secret_prefixes,
+                worker_label: self.worker_label,
+                hatchery_label: self.hatchery_label,
+                exempt_users: self.exempt_users,
+                exempt_groups: self.exempt_groups,
+                mode: self.mode,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_protect_cds_worker_secrets() {
+        let cli = Cli::try_parse_from(["cds-secret-guard", "serve"]).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        let config = args.into_config();
+        assert_eq!(config.policy.grace_period, Duration::from_secs(600));
+        assert_eq!(
+            config.policy.secret_prefixes,
+            ["cds-worker-config-", "cds-worker-registry-"]
+        );
+        assert_eq!(config.policy.worker_label, "CDS_WORKER_NAME");
+        assert_eq!(config.policy.mode, Mode::Enforce);
+        assert!(config.request_timeout < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn durations_are_humane_and_lists_repeat() {
+        let cli = Cli::try_parse_from([
+            "cds-secret-guard",
+            "serve",
+            "--grace-period",
+            "90s",
+            "--mode",
+            "warn",
+            "--secret-prefix",
+            "a-",
+            "--secret-prefix",
+            "b-",
+            "--exempt-group",
+            "ops",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        let config = args.into_config();
+        assert_eq!(config.policy.grace_period, Duration::from_secs(90));
+        assert_eq!(config.policy.secret_prefixes, ["a-", "b-"]);
+        assert_eq!(config.policy.exempt_groups, ["ops"]);
+        assert_eq!(config.policy.mode, Mode::Warn);
+    }
+
+    #[test]
+    fn bad_duration_is_a_clear_error() {
+        let err = Cli::try_parse_from(["cds-secret-guard", "serve", "--grace-period", "ten"]).unwrap_err();
+        assert!(err.to_string().contains("--grace-period"), "{err}");
+    }
+}

@@ -1,0 +1,85 @@
+//! cds-secret-guard: a Kubernetes admission webhook that keeps a CDS worker's
+//! configuration secret alive for as long as its pod may still need it.
+//!
+//! The library holds everything testable; `main.rs` only parses flags and calls in.
+//! One module per concern:
+//!
+//! - [`cli`]: flags and environment variables, turned into a [`config::Config`];
+//! - [`server`]: the TLS admission server and the plain-HTTP probe server;
+//! - [`admission`]: decoding AdmissionReviews and encoding responses;
+//! - [`policy`]: the secret-DELETE rules (pure, apart from the lookups they ask for);
+//! - [`mutation`]: the pod-CREATE patch (pure);
+//! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
+//! - [`audit`], [`metrics`], [`telemetry`]: what operators see;
+//! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration.
+
+pub mod admission;
+pub mod audit;
+pub mod certs;
+pub mod cli;
+pub mod config;
+pub mod lookup;
+pub mod metrics;
+pub mod mutation;
+pub mod policy;
+pub mod server;
+pub mod telemetry;
+pub mod tls;
+pub mod webhooks;
+
+#[cfg(test)]
+pub(crate) mod fixtures;
+
+pub use config::Config;
+pub use server::Server;
+
+/// Everything that can go wrong outside of a single admission decision.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A TLS certificate or key could not be read or used.
+    #[error("TLS: {0}")]
+    Tls(String),
+
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file concerned.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Generating certificates failed.
+    #[error("generating certificates: {0}")]
+    Certs(#[from] rcgen::Error),
+
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+
+    /// A Kubernetes API call did not answer in time.
+    #[error("Kubernetes API did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+
+    /// No Kubernetes client could be configured (no kubeconfig, not in a cluster).
+    #[error("no Kubernetes client configuration: {0}")]
+    KubeConfig(String),
+
+    /// Serialising output failed.
+    #[error("serialising: {0}")]
+    Serialize(String),
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,164 @@
+//! Quorum reads of pods and secrets.
+//!
+//! Every read here is sent to the apiserver without a `resourceVersion`, so it is served
+//! from etcd (or from a watch cache proven current): never from an informer cache and
+//! never with `resourceVersion=0`. Deciding "pod absent" from a stale read is exactly the
+//! bug this guard exists to stop.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::{
+    api::core::v1::{Pod, Secret},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{Api, Client, api::ListParams};
+
+use crate::{Error, Result, metrics::Metrics};
+
+/// What the policy needs to know about a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodState {
+    /// Pod name.
+    pub name: String,
+    /// Pod UID.
+    pub uid: String,
+    /// `status.phase`, when known.
+    pub phase: Option<String>,
+    /// Whether the pod has a deletion timestamp.
+    pub terminating: bool,
+}
+
+/// The apiserver reads behind the admission decisions, behind a narrow trait so the
+/// rules can be tested with an in-memory fake.
+#[async_trait]
+pub trait ClusterLookup: Send + Sync {
+    /// The pod with this name, by quorum read.
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>>;
+
+    /// The pods carrying `label=value`, by quorum read.
+    async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>>;
+
+    /// The metadata (never the data) of a secret, by quorum read.
+    async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>>;
+}
+
+// === impl PodState ===
+
+impl PodState {
+    /// Whether the pod may still need its secret: not terminating and not finished.
+    pub fn is_live(&self) -> bool {
+        !self.terminating && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+}
+
+impl From<Pod> for PodState {
+    fn from(pod: Pod) -> Self {
+        Self {
+            name: pod.metadata.name.unwrap_or_default(),
+            uid: pod.metadata.uid.unwrap_or_default(),
+            phase: pod.status.and_then(|status| status.phase),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// [`ClusterLookup`] against the apiserver, through kube.
+#[derive(Clone)]
+pub struct KubeLookup {
+    client: Client,
+}
+
+/// A [`ClusterLookup`] that always fails: used when no Kubernetes client can be
+/// configured, so the guard still starts, answers, and fails closed.
+#[derive(Debug, Clone)]
+pub struct Unavailable(pub String);
+
+// === impl KubeLookup ===
+
+impl KubeLookup {
+    /// Reads through this client.
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl ClusterLookup for KubeLookup {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
+        // `get_opt` sends no resourceVersion: a quorum read.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        Ok(pods.get_opt(name).await?.map(PodState::from))
+    }
+
+    async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        // The default ListParams carry no resourceVersion: "most recent", a quorum read.
+        let params = ListParams::default().labels(&format!("{label}={value}"));
+        debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
+        Ok(pods
+            .list(&params)
+            .await?
+            .items
+            .into_iter()
+            .map(PodState::from)
+            .collect())
+    }
+
+    async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        Ok(secrets.get_metadata_opt(name).await?.map(|partial| partial.metadata))
+    }
+}
+
+#[async_trait]
+impl ClusterLookup for Unavailable {
+    async fn pod(&self, _: &str, _: &str) -> Result<Option<PodState>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+
+    async fn pods_labelled(&self, _: &str, _: &str, _: &str) -> Result<Vec<PodState>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+
+    async fn secret_metadata(&self, _: &str, _: &str) -> Result<Option<ObjectMeta>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+}
+
+/// A [`ClusterLookup`] that times every read and counts the failed ones.
+pub struct Metered {
+    inner: Arc<dyn ClusterLookup>,
+    metrics: Arc<Metrics>,
+}
+
+// === impl Metered ===
+
+impl Metered {
+    /// Measures the reads of `inner`.
+    pub fn new(inner: Arc<dyn ClusterLookup>, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    async fn measure<T>(&self, read: impl Future<Output = Result<T>>) -> Result<T> {
+        let timer = self.metrics.time_lookup();
+        let result = read.await;
+        timer.finish(result.is_err());
+        result
+    }
+}
+
+#[async_trait]
+impl ClusterLookup for Metered {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
+        self.measure(self.inner.pod(namespace, name)).await
+    }
+
+    async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
+        self.measure(self.inner.pods_labelled(namespace, label, value)).await
+    }
+
+    async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
+        self.measure(self.inner.secret_metadata(namespace, name)).await
+    }
+}

@@ -1,0 +1,191 @@
+//! Prometheus metrics, all in one registry under the `cds_secret_guard` prefix.
+
+use std::time::Instant;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        histogram::{Histogram, exponential_buckets},
+        info::Info,
+    },
+    registry::{Registry, Unit},
+};
+
+/// Every metric the guard exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    admission_duration: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    lookup_duration: Histogram,
+    lookup_errors: Counter,
+    certificate_reloads: Family<ResultLabels, Counter>,
+}
+
+/// Labels of `admission_decisions_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// The admission operation (DELETE, CREATE).
+    pub operation: String,
+    /// allow, deny, warn (denied in warn mode), patch, skip.
+    pub decision: String,
+    /// The rule's reason code.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+/// Records the duration of an admission request when dropped.
+pub struct AdmissionTimer<'a> {
+    histogram: &'a Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    endpoint: &'static str,
+    start: Instant,
+}
+
+/// Records the duration and outcome of a quorum read when dropped.
+pub struct LookupTimer<'a> {
+    metrics: &'a Metrics,
+    start: Instant,
+    failed: bool,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~4 s: admission answers in well under a millisecond without lookups
+    // and is bounded by the request deadline with them.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+}
+
+// === impl Metrics ===
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("cds_secret_guard");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "admission_decisions",
+            "Admission decisions by operation, decision and reason",
+            decisions.clone(),
+        );
+        let admission_duration = Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register_with_unit(
+            "admission_duration",
+            "Time to answer an admission request",
+            Unit::Seconds,
+            admission_duration.clone(),
+        );
+        let lookup_duration = latency_histogram();
+        registry.register_with_unit(
+            "lookup_duration",
+            "Time of the quorum reads behind one decision",
+            Unit::Seconds,
+            lookup_duration.clone(),
+        );
+        let lookup_errors = Counter::default();
+        registry.register(
+            "lookup_errors",
+            "Quorum reads that failed or timed out",
+            lookup_errors.clone(),
+        );
+        let certificate_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "certificate_reloads",
+            "Serving certificate reloads by result",
+            certificate_reloads.clone(),
+        );
+        let build = Info::new(vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]);
+        registry.register("build", "Build information", build);
+        Self {
+            registry,
+            decisions,
+            admission_duration,
+            lookup_duration,
+            lookup_errors,
+            certificate_reloads,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one admission decision.
+    pub fn decision(&self, operation: &str, decision: &str, reason: &str) {
+        let labels = DecisionLabels {
+            operation: operation.to_owned(),
+            decision: decision.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.decisions.get_or_create(&labels).inc();
+    }
+
+    /// Starts timing an admission request on `endpoint`.
+    pub fn time_admission(&self, endpoint: &'static str) -> AdmissionTimer<'_> {
+        AdmissionTimer {
+            histogram: &self.admission_duration,
+            endpoint,
+            start: Instant::now(),
+        }
+    }
+
+    /// Starts timing one quorum read. A read dropped before it finished (its deadline
+    /// passed) counts as an error.
+    pub fn time_lookup(&self) -> LookupTimer<'_> {
+        LookupTimer {
+            metrics: self,
+            start: Instant::now(),
+            failed: true,
+        }
+    }
+
+    /// Counts a certificate reload attempt.
+    pub fn certificate_reload(&self, ok: bool) {
+        let result = if ok { "success" } else { "error" };
+        self.certificate_reloads
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+impl Drop for AdmissionTimer<'_> {
+    fn drop(&mut self) {
+        let labels = EndpointLabels {
+            endpoint: self.endpoint.to_owned(),
+        };
+        self.histogram
+            .get_or_create(&labels)
+            .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+impl LookupTimer<'_> {
+    /// Marks the read finished, successfully or not.
+    pub fn finish(mut self, failed: bool) {
+        self.failed = failed;
+    }
+}
+
+impl Drop for LookupTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics.lookup_duration.observe(self.start.elapsed().as_secs_f64());
+        if self.failed {
+            self.metrics.lookup_errors.inc();
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The pod-CREATE mutation: a pod that references protected secrets gets the labels that
+//! pair it with them, and an annotation listing them. The patch is minimal (only what is
+//! missing), never overwrites a label, and is empty for a pod that is already right, so
+//! reinvocation changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use json_patch::{AddOperation, Patch, PatchOperation};
+use jsonptr::PointerBuf;
+use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, PodSpec, Volume};
+use serde_json::Value;
+
+use crate::config::PolicyConfig;
+
+/// Annotation listing the protected secrets a pod uses.
+pub const PROTECTED_SECRETS_ANNOTATION: &str = "cds-secret-guard/protected-secrets";
+
+/// What the mutation found and what it changes.
+#[derive(Debug, Default, PartialEq)]
+pub struct PodMutation {
+    /// The protected secrets the pod references.
+    pub secrets: BTreeSet<String>,
+    /// The worker they name, when they agree on one.
+    pub worker: Option<String>,
+    /// The labels and annotations added.
+    pub patch: Patch,
+}
+
+/// The protected secrets a pod references, and the worker they name.
+pub fn protected_secrets(config: &PolicyConfig, spec: Option<&PodSpec>) -> (BTreeSet<String>, Option<String>) {
+    let secrets: BTreeSet<String> = spec
+        .map(referenced_secrets)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|name| config.worker_of_secret_name(name).is_some())
+        .collect();
+    let workers: BTreeSet<String> = secrets
+        .iter()
+        .filter_map(|name| config.worker_of_secret_name(name))
+        .collect();
+    // Secrets of two different workers in one pod: pairing is ambiguous, label nothing.
+    let worker = (workers.len() == 1).then(|| workers.into_iter().next()).flatten();
+    (secrets, worker)
+}
+
+/// Plans the patch for a pod. `hatchery` is the hatchery label of the pod's secret,
+/// when it could be read.
+pub fn mutate(config: &PolicyConfig, pod: &Pod, hatchery: Option<&str>) -> PodMutation {
+    let (secrets, worker) = protected_secrets(config, pod.spec.as_ref());
+    if secrets.is_empty() {
+        return PodMutation::default();
+    }
+    let meta = &pod.metadata;
+
+    let mut labels = BTreeMap::new();
+    let existing = meta.labels.as_ref();
+    let missing = |key: &str| existing.is_none_or(|labels| !labels.contains_key(key));
+    if let Some(worker) = worker.as_deref().filter(|w| is_label_value(w)) {
+        if missing(&config.worker_label) {
+            labels.insert(config.worker_label.clone(), worker.to_owned());
+        }
+        if let Some(hatchery) = hatchery.filter(|h| is_label_value(h) && missing(&config.hatchery_label)) {
+            labels.insert(config.hatchery_label.clone(), hatchery.to_owned());
+        }
+    }
+
+    let listed = secrets.iter().cloned().collect::<Vec<_>>().join(",");
+    let annotations = meta.annotations.as_ref();
+    let mut annotation = BTreeMap::new();
+    if annotations.and_then(|a| a.get(PROTECTED_SECRETS_ANNOTATION)) != Some(&listed) {
+        annotation.insert(PROTECTED_SECRETS_ANNOTATION.to_owned(), listed);
+    }
+
+    let mut operations = add_entries("labels", existing.is_some(), labels);
+    operations.extend(add_entries("annotations", annotations.is_some(), annotation));
+    PodMutation {
+        secrets,
+        worker,
+        patch: Patch(operations),
+    }
+}
+
+/// `add` operations for map entries under `/metadata/<field>`: one per key when the map
+/// exists (keys escaped, `/` as `~1`), else one that creates the map.
+fn add_entries(field: &str, map_exists: bool, entries: BTreeMap<String, String>) -> Vec<PatchOperation> {
+    if entries.is_empty() {
+        return Vec::new();
+    }
+    let add = |path: PointerBuf, value: Value| PatchOperation::Add(AddOperation { path, value });
+    if map_exists {
+        entries
+            .into_iter()
+            .map(|(key, value)| {
+                add(
+                    PointerBuf::from_tokens(["metadata", field, key.as_str()]),
+                    Value::String(value),
+                )
+            })
+            .collect()
+    } else {
+        let map = entries
+            .into_iter()
+            .map(|(key, value)| (key, Value::String(value)))
+            .collect();
+        vec![add(PointerBuf::from_tokens(["metadata", field]), Value::Object(map))]
+    }
+}
+
+/// Every secret name a pod spec references: env, envFrom, volumes (plain and projected)
+/// and imagePullSecrets, in containers, init containers and ephemeral containers.
+pub fn referenced_secrets(spec: &PodSpec) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    let ephemeral = spec.ephemeral_containers.iter().flatten();
+    let env_sources = containers
+        .map(|c: &Container| (c.env.as_ref(), c.env_from.as_ref()))
+        .chain(ephemeral.map(|c| (c.env.as_ref(), c.env_from.as_ref())));
+    for (env, env_from) in env_sources {
+        names.extend(env.into_iter().flatten().filter_map(env_secret));
+        names.extend(env_from.into_iter().flatten().filter_map(env_from_secret));
+    }
+    names.extend(spec.volumes.iter().flatten().flat_map(volume_secrets));
+    names.extend(
+        spec.image_pull_secrets
+            .iter()
+            .flatten()
+            .map(|reference| reference.name.clone()),
+    );
+    names.retain(|name| !name.is_empty());
+    names
+}
+
+fn env_secret(var: &EnvVar) -> Option<String> {
+    Some(var.value_from.as_ref()?.secret_key_ref.as_ref()?.name.clone())
+}
+
+fn env_from_secret(source: &EnvFromSource) -> Option<String> {
+    Some(source.secret_ref.as_ref()?.name.clone())
+}
+
+fn volume_secrets(volume: &Volume) -> Vec<String> {
+    let plain = volume.secret.as_ref().and_then(|secret| secret.secret_name.clone());
+    let projected = volume
+        .projected
+        .iter()
+        .flat_map(|projected| projected.sources.iter().flatten())
+        .filter_map(|source| Some(source.secret.as_ref()?.name.clone()));
+    plain.into_iter().chain(projected).collect()
+}
+
+/// Whether a string is a valid label value (at most 63 characters, alphanumerics with
+/// `-`, `_` and `.` inside): an invalid one in the patch would make the pod's creation fail.
+fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let inner = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    bytes.len() <= 63
+        && bytes.first().is_none_or(u8::is_ascii_alphanumeric)
+        && bytes.last().is_none_or(u8::is_ascii_alphanumeric)
+        && bytes.iter().all(inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{policy, worker_pod};
+    use rstest::rstest;
+
+    fn apply(pod: &Pod, patch: &Patch) -> Pod {
+        let mut doc = serde_json::to_value(pod).unwrap();
+        json_patch::patch(&mut doc, patch).unwrap();
+        serde_json::from_value(doc).unwrap()
+    }
+
+    fn labels(pod: &Pod) -> BTreeMap<String, String> {
+        pod.metadata.labels.clone().unwrap_or_default()
+    }
+
+    #[rstest]
+    #[case::env_secret_key_ref(worker_pod("w1").env_secret("cds-worker-config-w1"))]
+    #[case::env_from(worker_pod("w1").env_from_secret("cds-worker-config-w1"))]
+    #[case::secret_volume(worker_pod("w1").secret_volume("cds-worker-config-w1"))]
+    #[case::projected_volume(worker_pod("w1").projected_secret("cds-worker-config-w1"))]
+    #[case::image_pull_secret(worker_pod("w1").image_pull_secret("cds-worker-registry-w1"))]
+    #[case::init_container(worker_pod("w1").init_env_secret("cds-worker-config-w1"))]
+    #[case::ephemeral_container(worker_pod("w1").ephemeral_env_secret("cds-worker-config-w1"))]
+    fn finds_references_everywhere(#[case] pod: crate::fixtures::PodBuilder) {
+        let pod = pod.build();
+        let mutation = mutate(&policy(), &pod, None);
+        assert_eq!(mutation.worker.as_deref(), Some("w1"));
+        let patched = apply(&pod, &mutation.patch);
+        assert_eq!(labels(&patched).get("CDS_WORKER_NAME").map(String::as_str), Some("w1"));
+    }
+
+    #[test]
+    fn adds_missing_labels_keeping_the_others_and_is_idempotent() {
+        let pod = worker_pod("w1")
+            .label("app", "cds")
+            .env_secret("cds-worker-config-w1")
+            .build();
+        let mutation = mutate(&policy(), &pod, Some("hatch-1"));
+        let patched = apply(&pod, &mutation.patch);
+        let labels = labels(&patched);
+        assert_eq!(labels.get("app").map(String::as_str), Some("cds"));
+        assert_eq!(labels.get("CDS_WORKER_NAME").map(String::as_str), Some("w1"));
+        assert_eq!(labels.get("CDS_HATCHERY_NAME").map(String::as_str), Some("hatch-1"));
+        let annotations = patched.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations.get(PROTECTED_SECRETS_ANNOTATION).map(String::as_str),
+            Some("cds-worker-config-w1")
+        );
+
+        // Reinvocation on the patched pod: nothing left to do.
+        assert!(mutate(&policy(), &patched, Some("hatch-1")).patch.0.is_empty());
+    }
+
+    #[test]
+    fn creates_the_label_map_when_there_is_none() {
+        let pod = worker_pod("w1")
+            .without_labels()
+            .secret_volume("cds-worker-config-w1")
+            .build();
+        let mutation = mutate(&policy(), &pod, None);
+        let patch = serde_json::to_value(&mutation.patch).unwrap();
+        assert_eq!(patch[0]["path"], "/metadata/labels");
+        assert_eq!(patch[0]["value"]["CDS_WORKER_NAME"], "w1");
+    }
+
+    #[test]
+    fn escapes_slash_and_tilde_in_keys() {
+        let mut config = policy();
+        config.worker_label = "cds.ovh/worker~name".to_owned();
+        let pod = worker_pod("w1")
+            .label("app", "cds")
+            .env_secret("cds-worker-config-w1")
+            .build();
+        let patch = serde_json::to_value(&mutate(&config, &pod, None).patch).unwrap();
+        assert_eq!(patch[0]["path"], "/metadata/labels/cds.ovh~1worker~0name");
+        let patched = apply(&pod, &mutate(&config, &pod, None).patch);
+        assert_eq!(
+            labels(&patched).get("cds.ovh/worker~name").map(String::as_str),
+            Some("w1")
+        );
+    }
+
+    #[test]
+    fn never_overwrites_an_existing_worker_label() {
+        let pod = worker_pod("w1")
+            .label("CDS_WORKER_NAME", "other")
+            .env_secret("cds-worker-config-w1")
+            .build();
+        let patched = apply(&pod, &mutate(&policy(), &pod, None).patch);
+        assert_eq!(
+            labels(&patched).get("CDS_WORKER_NAME").map(String::as_str),
+            Some("other")
+        );
+    }
+
+    #[rstest]
+    #[case::no_protected_secret(worker_pod("w1").env_secret("database-password"))]
+    #[case::no_secret_at_all(worker_pod("w1"))]
+    fn leaves_other_pods_alone(#[case] pod: crate::fixtures::PodBuilder) {
+        assert_eq!(mutate(&policy(), &pod.build(), None), PodMutation::default());
+    }
+
+    #[test]
+    fn secrets_of_two_workers_get_no_worker_label() {
+        let pod = worker_pod("w1")
+            .env_secret("cds-worker-config-w1")
+            .env_secret("cds-worker-config-w2")
+            .build();
+        let mutation = mutate(&policy(), &pod, None);
+        assert_eq!(mutation.worker, None);
+        assert!(!labels(&apply(&pod, &mutation.patch)).contains_key("CDS_WORKER_NAME"));
+    }
+
+    #[test]
+    fn an_invalid_label_value_is_not_written() {
+        let long = "w".repeat(64);
+        let pod = worker_pod(&long)
+            .env_secret(&format!("cds-worker-config-{long}"))
+            .build();
+        assert!(!labels(&apply(&pod, &mutate(&policy(), &pod, None).patch)).contains_key("CDS_WORKER_NAME"));
+    }
+
+    #[rstest]
+    #[case("w1", true)]
+    #[case("a.b-c_d", true)]
+    #[case("", true)]
+    #[case("-a", false)]
+    #[case("a/b", false)]
+    fn label_values(#[case] value: &str, #[case] valid: bool) {
+        assert_eq!(is_label_value(value), valid);
+    }
+}
