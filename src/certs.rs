@@ -12,6 +12,8 @@ use rcgen::{
     KeyUsagePurpose, SanType,
 };
 
+use time::{Duration, OffsetDateTime};
+
 use crate::{Error, Result};
 
 /// The files `certs` writes.
@@ -42,6 +44,7 @@ pub fn write(out: &Path, hosts: &[String]) -> Result<CertFiles> {
         let mut params = CertificateParams::default();
         params.distinguished_name = name("cds-secret-guard development CA");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        (params.not_before, params.not_after) = validity(Duration::days(3650));
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
             KeyUsagePurpose::CrlSign,
@@ -65,6 +68,7 @@ pub fn write(out: &Path, hosts: &[String]) -> Result<CertFiles> {
         .collect::<Result<_, rcgen::Error>>()?;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    (params.not_before, params.not_after) = validity(Duration::days(365));
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &issuer)?;
 
@@ -78,6 +82,12 @@ pub fn write(out: &Path, hosts: &[String]) -> Result<CertFiles> {
     write_file(&files.tls_key, &key.serialize_pem(), true)?;
     write_file(&files.tls_cert, &cert.pem(), false)?;
     Ok(files)
+}
+
+/// From an hour ago (clock skew) to `lifetime` from now.
+fn validity(lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
+    let now = OffsetDateTime::now_utc();
+    (now - Duration::hours(1), now + lifetime)
 }
 
 fn name(common_name: &str) -> DistinguishedName {

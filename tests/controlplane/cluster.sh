@@ -237,6 +237,9 @@ cmd_up() {
 		port_busy "$apiserver_port" && die "port $apiserver_port (apiserver) is in use by another process; set CDS_CP_APISERVER_PORT"
 		# ServiceAccount admission is off: no service-account controllers run,
 		# so a new namespace has no `default` SA and pods would be rejected.
+		# No endpoint reconciler: it would log every 10 s that the loopback
+		# advertise address is invalid for the `kubernetes` Endpoints (no
+		# kube-proxy here to use them anyway).
 		start kube-apiserver \
 			--etcd-servers="http://127.0.0.1:$etcd_client_port" \
 			--bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
@@ -249,7 +252,8 @@ cmd_up() {
 			--service-account-signing-key-file="$pki/sa.key" \
 			--service-cluster-ip-range=10.0.0.0/24 \
 			--allow-privileged=true \
-			--disable-admission-plugins=ServiceAccount
+			--disable-admission-plugins=ServiceAccount \
+			--endpoint-reconciler-type=none
 	fi
 	wait_for kube-apiserver "/readyz ok" apiserver_ready
 	write_kubeconfig "$kubeconfig" admin admin
@@ -260,8 +264,10 @@ cmd_up() {
 		stop kube-controller-manager
 		write_kubeconfig "$kcm_kubeconfig" controller-manager system:kube-controller-manager
 		# --secure-port=0: no health endpoint needed, and no port to collide.
+		# Controllers: GC (ownerReferences), namespace deletion, and ClusterRole
+		# aggregation so the built-in admin/edit/view roles get their rules.
 		start kube-controller-manager --kubeconfig="$kcm_kubeconfig" \
-			--controllers=garbage-collector-controller,namespace-controller \
+			--controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller \
 			--leader-elect=false --secure-port=0 \
 			--use-service-account-credentials=false
 		sleep 1

@@ -1,0 +1,226 @@
+//! Shared helpers for the integration tests: AdmissionReview fixtures from `tests/data`,
+//! an in-memory cluster behind the lookup trait, and requests through the router.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Mutex, time::Duration};
+
+use async_trait::async_trait;
+use axum::{
+    Router,
+    body::{Body, to_bytes},
+    http::{Request, StatusCode},
+};
+use cds_secret_guard::{
+    Config, Error, Result,
+    config::{Mode, PolicyConfig},
+    lookup::{ClusterLookup, PodState},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// An AdmissionReview fixture from `tests/data/<name>.json`.
+pub fn review(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Sets the value at a JSON pointer (creating objects on the way).
+pub fn set(mut doc: Value, pointer: &str, value: Value) -> Value {
+    let mut target = &mut doc;
+    for token in pointer.split('/').skip(1) {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        if !target.is_object() {
+            *target = Value::Object(Default::default());
+        }
+        target = target.as_object_mut().unwrap().entry(token).or_insert(Value::Null);
+    }
+    *target = value;
+    doc
+}
+
+/// Removes the value at a JSON pointer.
+pub fn remove(mut doc: Value, pointer: &str) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    if let Some(Value::Object(map)) = doc.pointer_mut(parent) {
+        map.remove(key);
+    }
+    doc
+}
+
+/// An RFC 3339 time `ago` before now.
+pub fn time_ago(ago: Duration) -> Value {
+    let at = k8s_openapi::jiff::Timestamp::now() - ago;
+    Value::String(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+}
+
+/// The policy `serve` uses by default.
+pub fn policy() -> PolicyConfig {
+    PolicyConfig {
+        grace_period: Duration::from_secs(600),
+        lookup_timeout: Duration::from_secs(2),
+        secret_prefixes: vec!["cds-worker-config-".into(), "cds-worker-registry-".into()],
+        worker_label: "CDS_WORKER_NAME".into(),
+        hatchery_label: "CDS_HATCHERY_NAME".into(),
+        exempt_users: vec!["system:serviceaccount:kube-system:namespace-controller".into()],
+        exempt_groups: vec![],
+        mode: Mode::Enforce,
+    }
+}
+
+/// A server configuration on ephemeral loopback ports with the given certificate files.
+pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
+    let any_port: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    Config {
+        listen: any_port,
+        probe_listen: any_port,
+        tls_cert: tls_dir.join("tls.crt"),
+        tls_key: tls_dir.join("tls.key"),
+        tls_reload_interval: Duration::from_millis(100),
+        request_timeout: Duration::from_secs(4),
+        shutdown_timeout: Duration::from_secs(10),
+        policy,
+    }
+}
+
+/// A pod in the fake cluster.
+#[derive(Debug, Clone)]
+pub struct FakePod {
+    pub state: PodState,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// An in-memory cluster: pods and secret metadata, optionally failing or slow.
+#[derive(Default)]
+pub struct FakeCluster {
+    pub pods: Mutex<Vec<FakePod>>,
+    pub secrets: Mutex<Vec<ObjectMeta>>,
+    pub failing: bool,
+    pub delay: Option<Duration>,
+    pub reads: Mutex<usize>,
+}
+
+/// A pod named `name` with `uid`, in `phase`, labelled `CDS_WORKER_NAME=worker`.
+pub fn pod(name: &str, uid: &str, phase: &str, worker: &str) -> FakePod {
+    FakePod {
+        state: PodState {
+            name: name.into(),
+            uid: uid.into(),
+            phase: Some(phase.into()),
+            terminating: false,
+        },
+        labels: BTreeMap::from([("CDS_WORKER_NAME".into(), worker.into())]),
+    }
+}
+
+impl FakeCluster {
+    pub fn with_pods(pods: impl IntoIterator<Item = FakePod>) -> Self {
+        Self {
+            pods: Mutex::new(pods.into_iter().collect()),
+            ..Self::default()
+        }
+    }
+
+    pub fn failing() -> Self {
+        Self {
+            failing: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn slow(delay: Duration) -> Self {
+        Self {
+            delay: Some(delay),
+            ..Self::default()
+        }
+    }
+
+    pub fn reads(&self) -> usize {
+        *self.reads.lock().unwrap()
+    }
+
+    async fn read(&self) -> Result<()> {
+        *self.reads.lock().unwrap() += 1;
+        if let Some(delay) = self.delay {
+            tokio::time::sleep(delay).await;
+        }
+        if self.failing {
+            Err(Error::KubeConfig("fake apiserver is down".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl ClusterLookup for FakeCluster {
+    async fn pod(&self, _: &str, name: &str) -> Result<Option<PodState>> {
+        self.read().await?;
+        Ok(self
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p.state.name == name)
+            .map(|p| p.state.clone()))
+    }
+
+    async fn pods_labelled(&self, _: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
+        self.read().await?;
+        let pods = self.pods.lock().unwrap();
+        Ok(pods
+            .iter()
+            .filter(|p| p.labels.get(label).is_some_and(|v| v == value))
+            .map(|p| p.state.clone())
+            .collect())
+    }
+
+    async fn secret_metadata(&self, _: &str, name: &str) -> Result<Option<ObjectMeta>> {
+        self.read().await?;
+        Ok(self
+            .secrets
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.name.as_deref() == Some(name))
+            .cloned())
+    }
+}
+
+/// POSTs a body to a router and returns the status and the JSON answer.
+pub async fn post(router: &Router, path: &str, body: impl Into<Body>) -> (StatusCode, Value) {
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let json = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, json)
+}
+
+/// GETs a path of a router as text.
+pub async fn get_text(router: &Router, path: &str) -> (StatusCode, String) {
+    let response = router
+        .clone()
+        .oneshot(Request::get(path).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The value of a counter line of `/metrics` whose labels include all of `labels`.
+pub fn counter(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(name))
+        .filter(|line| labels.iter().all(|(k, v)| line.contains(&format!("{k}=\"{v}\""))))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
