@@ -133,14 +133,20 @@ pub struct CertsArgs {
 
 /// Flags of `webhooks`.
 #[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["url", "service"]))]
 pub struct WebhooksArgs {
-    /// Base URL of the guard, e.g. `https://127.0.0.1:8443`.
+    /// Base URL of a guard outside the cluster, e.g. `https://127.0.0.1:8443`.
     #[arg(long)]
-    pub url: String,
+    pub url: Option<String>,
 
-    /// CA certificate (PEM) that signed the guard's serving certificate.
+    /// Service of a guard in the cluster, as `NAMESPACE/NAME` (port 443).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub service: Option<String>,
+
+    /// CA certificate (PEM) that signed the guard's serving certificate. Leave it out
+    /// when cert-manager injects the caBundle.
     #[arg(long)]
-    pub ca_bundle: PathBuf,
+    pub ca_bundle: Option<PathBuf>,
 
     /// Namespace the guard runs in, left out of the secret webhook.
     #[arg(long, default_value = "cds-secret-guard")]

@@ -76,6 +76,10 @@ pub enum Error {
     #[error("no Kubernetes client configuration: {0}")]
     KubeConfig(String),
 
+    /// A command-line value that cannot be used.
+    #[error("{0}")]
+    Usage(String),
+
     /// Serialising output failed.
     #[error("serialising: {0}")]
     Serialize(String),

@@ -320,7 +320,11 @@ fn respond<T: kube::Resource>(request: &AdmissionRequest<T>, verdict: &Verdict, 
     }
     response.audit_annotations = audit::annotations(verdict);
     if enforced {
-        response.deny(&verdict.message)
+        let mut response = response.deny(&verdict.message);
+        // Forbidden, not kube's default Bad Request: the request was fine, the delete is not allowed.
+        response.result.code = 403;
+        response.result.reason = "Forbidden".to_owned();
+        response
     } else {
         response.warnings = Some(vec![format!("cds-secret-guard would deny: {}", verdict.message)]);
         response

@@ -1,14 +1,14 @@
-//! `cds-secret-guard webhooks`: the webhook configurations for a guard reachable at a
-//! URL (a guard outside the cluster, such as on the local control plane). The in-cluster
-//! install in `manifests/` registers the same webhooks through a Service.
+//! `cds-secret-guard webhooks`: the webhook configurations, for a guard reachable at a
+//! URL (outside the cluster, such as on the local control plane) or through a Service
+//! (in the cluster: `manifests/base/webhooks.yaml` is this command's output).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::{
     ByteString,
     api::admissionregistration::v1::{
-        MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
-        ValidatingWebhookConfiguration, WebhookClientConfig,
+        MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+        ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
     },
     apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta},
 };
@@ -20,24 +20,42 @@ pub const CONFIGURATION_NAME: &str = "cds-secret-guard";
 
 /// The two configurations, as a YAML stream for `kubectl apply -f -`.
 pub fn render(args: &WebhooksArgs) -> Result<String> {
-    let ca = std::fs::read(&args.ca_bundle).map_err(|source| Error::Io {
-        path: args.ca_bundle.clone(),
-        source,
-    })?;
-    let (validating, mutating) = configurations(args, ca);
+    let ca = match &args.ca_bundle {
+        Some(path) => Some(std::fs::read(path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?),
+        None => None,
+    };
+    let (validating, mutating) = configurations(args, ca)?;
     Ok(format!("{}---\n{}", to_yaml(&validating)?, to_yaml(&mutating)?))
 }
 
 /// The validating (secret DELETE) and mutating (pod CREATE) configurations.
 pub fn configurations(
     args: &WebhooksArgs,
-    ca_bundle: Vec<u8>,
-) -> (ValidatingWebhookConfiguration, MutatingWebhookConfiguration) {
-    let base = args.url.trim_end_matches('/');
+    ca_bundle: Option<Vec<u8>>,
+) -> Result<(ValidatingWebhookConfiguration, MutatingWebhookConfiguration)> {
+    let service = match &args.service {
+        Some(service) => {
+            let (namespace, name) = service
+                .split_once('/')
+                .filter(|(namespace, name)| !namespace.is_empty() && !name.is_empty())
+                .ok_or_else(|| Error::Usage(format!("--service {service:?} is not NAMESPACE/NAME")))?;
+            Some((namespace.to_owned(), name.to_owned()))
+        }
+        None => None,
+    };
+    let base = args.url.as_deref().unwrap_or_default().trim_end_matches('/');
     let client = |path: &str| WebhookClientConfig {
-        url: Some(format!("{base}{path}")),
-        ca_bundle: Some(ByteString(ca_bundle.clone())),
-        service: None,
+        url: service.is_none().then(|| format!("{base}{path}")),
+        service: service.as_ref().map(|(namespace, name)| ServiceReference {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            path: Some(path.to_owned()),
+            port: Some(443),
+        }),
+        ca_bundle: ca_bundle.clone().map(ByteString),
     };
     let metadata = ObjectMeta {
         name: Some(CONFIGURATION_NAME.to_owned()),
@@ -84,7 +102,7 @@ pub fn configurations(
             ..Default::default()
         }]),
     };
-    (validating, mutating)
+    Ok((validating, mutating))
 }
 
 /// Leaves out kube-system and the guard's own namespace.
@@ -129,4 +147,76 @@ pub fn protected_secret_expression(prefixes: &[String], worker_label: &str) -> S
 fn to_yaml(value: &impl serde::Serialize) -> Result<String> {
     // k8s-openapi writes apiVersion and kind itself when it serialises a resource.
     serde_saphyr::to_string(value).map_err(|error| Error::Serialize(error.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn args(flags: &[&str]) -> WebhooksArgs {
+        let cli = Cli::try_parse_from(["cds-secret-guard", "webhooks"].iter().chain(flags)).unwrap();
+        let Command::Webhooks(args) = cli.command else {
+            panic!("not webhooks")
+        };
+        args
+    }
+
+    #[test]
+    fn committed_manifest_is_the_generated_one() {
+        let generated = render(&args(&["--service", "cds-secret-guard/cds-secret-guard"])).unwrap();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/webhooks.yaml");
+        let committed = std::fs::read_to_string(path).unwrap();
+        assert_eq!(
+            committed, generated,
+            "regenerate it: cds-secret-guard webhooks --service cds-secret-guard/cds-secret-guard > {path}"
+        );
+    }
+
+    #[test]
+    fn secret_webhook_fails_closed_and_pod_webhook_never_blocks() {
+        let (validating, mutating) =
+            configurations(&args(&["--url", "https://127.0.0.1:8443/"]), Some(b"ca".to_vec())).unwrap();
+        let secret = &validating.webhooks.unwrap()[0];
+        assert_eq!(
+            secret.client_config.url.as_deref(),
+            Some("https://127.0.0.1:8443/validate")
+        );
+        assert_eq!(secret.failure_policy.as_deref(), Some("Fail"));
+        assert_eq!(secret.side_effects, "None");
+        assert!(secret.timeout_seconds.is_some_and(|t| t <= 5));
+        assert_eq!(secret.admission_review_versions, ["v1"]);
+        let excluded = secret
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_expressions
+            .as_ref()
+            .unwrap()[0]
+            .values
+            .clone();
+        assert_eq!(excluded.unwrap(), ["kube-system", "cds-secret-guard"]);
+        let pod = &mutating.webhooks.unwrap()[0];
+        assert_eq!(pod.client_config.url.as_deref(), Some("https://127.0.0.1:8443/mutate"));
+        assert_eq!(pod.failure_policy.as_deref(), Some("Ignore"));
+        assert_eq!(pod.reinvocation_policy.as_deref(), Some("IfNeeded"));
+    }
+
+    #[test]
+    fn match_condition_quotes_its_strings() {
+        let expression = protected_secret_expression(&["it's-".to_owned()], "a\\b");
+        assert!(expression.contains(r"startsWith('it\'s-')"), "{expression}");
+        assert!(
+            expression.contains(r"'a\\b' in oldObject.metadata.labels"),
+            "{expression}"
+        );
+    }
+
+    #[test]
+    fn service_must_be_namespace_slash_name() {
+        let error = configurations(&args(&["--service", "guard"]), None).unwrap_err();
+        assert!(error.to_string().contains("NAMESPACE/NAME"), "{error}");
+    }
 }

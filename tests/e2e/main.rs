@@ -1,0 +1,289 @@
+//! End-to-end: the guard registered with a real kube-apiserver (etcd behind it, garbage
+//! collector and namespace controller beside it), asserted as a client sees it.
+#![allow(clippy::unwrap_used)]
+
+mod harness;
+
+use std::time::Duration;
+
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use harness::*;
+use kube::api::DeleteParams;
+
+async fn past_grace_period() {
+    tokio::time::sleep(GRACE + Duration::from_secs(1)).await;
+}
+
+fn denied_by_guard(status: &kube::core::Status, says: &str) {
+    assert_eq!(status.code, 403, "{status:?}");
+    assert!(
+        status.message.contains("secret-deletes.cds-secret-guard.io"),
+        "{}",
+        status.message
+    );
+    assert!(status.message.contains(says), "{:?} lacks {says:?}", status.message);
+}
+
+#[tokio::test]
+async fn young_worker_secret_is_kept() {
+    let guard = shared_guard();
+    let ns = TestNamespace::new("young").await;
+    ns.worker_secret("w-young").await;
+
+    let refused = ns
+        .delete_secret("cds-worker-config-w-young", &DeleteParams::default())
+        .await
+        .unwrap_err();
+
+    denied_by_guard(&refused, "cannot be deleted within 4s of creation");
+    assert!(
+        ns.secrets()
+            .get_opt("cds-worker-config-w-young")
+            .await
+            .unwrap()
+            .is_some(),
+        "secret kept"
+    );
+    let audit = guard.audit_line(&ns.name, "cds-worker-config-w-young", "deny").await;
+    assert_eq!(audit["reason"], "too-young");
+    assert_eq!(audit["worker"], "w-young");
+    assert_eq!(audit["user"], "admin");
+    assert_eq!(audit["dry_run"], false);
+}
+
+#[tokio::test]
+async fn live_pod_keeps_its_secret_after_the_grace_period_dry_run_included() {
+    let guard = shared_guard();
+    let ns = TestNamespace::new("live").await;
+    ns.worker_secret("w-live").await;
+    let pod = ns.worker_pod("w-live").await;
+    past_grace_period().await;
+
+    let refused = ns
+        .delete_secret("cds-worker-config-w-live", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    let uid = pod.metadata.uid.unwrap();
+    denied_by_guard(
+        &refused,
+        &format!("pod w-live (uid {uid}, Pending) still uses secret cds-worker-config-w-live"),
+    );
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    let refused = ns
+        .delete_secret("cds-worker-config-w-live", &dry_run)
+        .await
+        .unwrap_err();
+    denied_by_guard(&refused, "still uses secret");
+
+    assert!(
+        ns.secrets()
+            .get_opt("cds-worker-config-w-live")
+            .await
+            .unwrap()
+            .is_some(),
+        "secret kept"
+    );
+    let audit = guard.audit_line(&ns.name, "cds-worker-config-w-live", "deny").await;
+    assert_eq!(audit["reason"], "pod-live");
+    assert_eq!(audit["pod"], "w-live");
+    let dry = guard
+        .audit_lines()
+        .into_iter()
+        .find(|l| l["secret"] == "cds-worker-config-w-live" && l["dry_run"] == true);
+    assert!(dry.is_some_and(|l| l["decision"] == "deny"), "dry-run denial audited");
+}
+
+#[tokio::test]
+async fn orphan_and_unprotected_secrets_are_deleted() {
+    let guard = shared_guard();
+    let ns = TestNamespace::new("orphan").await;
+    ns.worker_secret("w-orphan").await;
+    let other = serde_json::from_value(serde_json::json!({"metadata": {"name": "database-password"}})).unwrap();
+    ns.secrets().create(&Default::default(), &other).await.unwrap();
+
+    ns.delete_secret("database-password", &DeleteParams::default())
+        .await
+        .expect("unprotected: deleted at once");
+    past_grace_period().await;
+    ns.delete_secret("cds-worker-config-w-orphan", &DeleteParams::default())
+        .await
+        .expect("orphan: deleted");
+
+    assert!(
+        ns.secrets()
+            .get_opt("cds-worker-config-w-orphan")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let audit = guard.audit_line(&ns.name, "cds-worker-config-w-orphan", "allow").await;
+    assert_eq!(audit["reason"], "orphan");
+}
+
+#[tokio::test]
+async fn worker_pod_gets_its_labels() {
+    let _guard = shared_guard();
+    let ns = TestNamespace::new("label").await;
+    ns.worker_secret("w-label").await;
+
+    let pod = ns.worker_pod("w-label").await;
+
+    let labels = pod.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("CDS_WORKER_NAME").map(String::as_str), Some("w-label"));
+    assert_eq!(
+        labels.get("CDS_HATCHERY_NAME").map(String::as_str),
+        Some("hatchery-e2e"),
+        "copied from the secret"
+    );
+    let annotations = pod.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("cds-secret-guard/protected-secrets")
+            .map(String::as_str),
+        Some("cds-worker-config-w-label")
+    );
+}
+
+#[tokio::test]
+async fn namespace_full_of_workers_is_deleted() {
+    let _guard = shared_guard();
+    let ns = TestNamespace::new("teardown").await;
+    for worker in ["w-a", "w-b", "w-c"] {
+        ns.worker_secret(worker).await;
+        ns.worker_pod(worker).await;
+    }
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(ns.client.clone());
+
+    namespaces.delete(&ns.name, &DeleteParams::default()).await.unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while namespaces.get_opt(&ns.name).await.unwrap().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "namespace {} still there after 90s",
+            ns.name
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test]
+async fn secret_data_never_reaches_the_log() {
+    let guard = shared_guard();
+    let ns = TestNamespace::new("data").await;
+    ns.worker_secret("w-data").await;
+    let _ = ns
+        .delete_secret("cds-worker-config-w-data", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    guard.audit_line(&ns.name, "cds-worker-config-w-data", "deny").await;
+
+    let log = guard.log();
+    assert!(!log.contains(SECRET_VALUE));
+    assert!(!log.contains(&BASE64.encode(SECRET_VALUE)));
+}
+
+/// `kubectl kustomize` of an overlay, as JSON documents.
+fn render(overlay: &str) -> Vec<serde_json::Value> {
+    let output = kubectl()
+        .args(["kustomize", &format!("manifests/overlays/{overlay}")])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kustomize {overlay}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let yaml = String::from_utf8(output.stdout).unwrap();
+    yaml.split("\n---\n")
+        .map(|doc| serde_saphyr::from_str(doc).unwrap())
+        .collect()
+}
+
+/// Server-side apply, dry run: the apiserver validates everything and keeps nothing.
+fn server_side_dry_run(objects: &[&serde_json::Value]) {
+    use std::io::Write;
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let mut apply = kubectl()
+        .args(["apply", "--server-side", "--dry-run=server", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(list.to_string().as_bytes())
+        .unwrap();
+    let output = apply.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "rejected: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let applied = String::from_utf8_lossy(&output.stdout).lines().count();
+    assert_eq!(applied, objects.len(), "{}", String::from_utf8_lossy(&output.stdout));
+}
+
+#[test]
+fn manifests_are_accepted_by_the_apiserver() {
+    // Namespaced objects need their namespace to exist for a dry run.
+    let _ = kubectl()
+        .args(["create", "namespace", "cds-secret-guard"])
+        .output()
+        .unwrap();
+    let certs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/overlays/tls-secret/certs");
+    cds_secret_guard::certs::write(&certs, &["cds-secret-guard.cds-secret-guard.svc".to_owned()]).unwrap();
+
+    let tls_secret = render("tls-secret");
+    let kinds: Vec<&str> = tls_secret.iter().filter_map(|o| o["kind"].as_str()).collect();
+    for kind in [
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "ClusterRole",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+    let ca = std::fs::read(certs.join("ca.crt")).unwrap();
+    for webhook in tls_secret
+        .iter()
+        .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")))
+    {
+        let bundle = webhook["webhooks"][0]["clientConfig"]["caBundle"]
+            .as_str()
+            .unwrap()
+            .replace('\n', "");
+        assert_eq!(BASE64.decode(bundle).unwrap(), ca, "caBundle is the CA");
+    }
+    let deployment = tls_secret.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    server_side_dry_run(&tls_secret.iter().collect::<Vec<_>>());
+
+    // cert-manager's kinds need its CRDs, absent here: check them, send the rest.
+    let cert_manager = render("cert-manager");
+    let (issuing, rest): (Vec<_>, Vec<_>) = cert_manager.iter().partition(|o| {
+        o["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("cert-manager.io/"))
+    });
+    assert_eq!(issuing.len(), 2, "an Issuer and a Certificate");
+    let certificate = issuing.iter().find(|o| o["kind"] == "Certificate").unwrap();
+    assert_eq!(certificate["spec"]["secretName"], "cds-secret-guard-tls");
+    for webhook in rest
+        .iter()
+        .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")))
+    {
+        assert_eq!(
+            webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "cds-secret-guard/cds-secret-guard"
+        );
+    }
+    server_side_dry_run(&rest);
+}
