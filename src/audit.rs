@@ -42,7 +42,7 @@ pub fn record(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Ve
         pod_uid = pod.map(|pod| pod.uid.as_str()),
         secret_age_seconds = verdict.age.map(|age| age.as_secs()),
         user = request.username,
-        groups = ?request.groups,
+        groups = %request.groups.join(","),
         request_uid = requester.uid,
         dry_run = requester.dry_run,
         detail = %verdict.message,

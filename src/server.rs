@@ -268,7 +268,7 @@ async fn metrics(State(metrics): State<Arc<Metrics>>) -> Response {
 }
 
 /// Secret deletes. The request is decoded as metadata only: secret data is never parsed.
-#[instrument(skip_all, fields(uid, operation, namespace, name, allowed, reason))]
+#[instrument(skip_all, fields(uid, operation, namespace, object, allowed, reason))]
 async fn validate(State(state): State<Arc<AppState>>, Review(request): Review<PartialObjectMeta<Secret>>) -> Response {
     let _timer = state.metrics.time_admission("validate");
     record_request(&request);
@@ -290,7 +290,7 @@ async fn validate_delete(state: &AppState, request: &AdmissionRequest<PartialObj
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let delete = SecretDelete {
         namespace,
-        name: &request.name,
+        name: secret_name(request),
         secret: request.old_object.as_ref().map(|secret| &secret.metadata),
         username: request.user_info.username.as_deref(),
         groups: request.user_info.groups.as_deref().unwrap_or_default(),
@@ -333,13 +333,14 @@ fn respond<T: kube::Resource>(request: &AdmissionRequest<T>, verdict: &Verdict, 
 
 /// The whole request ran past its deadline: deny, as for a failed lookup.
 fn deadline_passed(state: &AppState, request: &AdmissionRequest<PartialObjectMeta<Secret>>) -> AdmissionResponse {
-    let worker = state.policy.worker_of_secret_name(&request.name);
+    let name = secret_name(request);
+    let worker = state.policy.worker_of_secret_name(name);
     let verdict = Verdict {
         allowed: false,
         reason: policy::Reason::LookupFailed,
         message: format!(
             "cannot decide on secret {} within {:?}; refusing to delete it",
-            request.name, state.request_timeout
+            name, state.request_timeout
         ),
         worker,
         pod: None,
@@ -349,12 +350,12 @@ fn deadline_passed(state: &AppState, request: &AdmissionRequest<PartialObjectMet
     state
         .metrics
         .decision("DELETE", audit::outcome(&verdict, enforced), verdict.reason.code());
-    tracing::warn!(secret = %request.name, "admission deadline passed");
+    tracing::warn!(secret = %name, "admission deadline passed");
     respond(request, &verdict, enforced)
 }
 
 /// Pod creates. Never denies: on any internal problem the pod is allowed unpatched.
-#[instrument(skip_all, fields(uid, operation, namespace, name, allowed, reason))]
+#[instrument(skip_all, fields(uid, operation, namespace, object, allowed, reason))]
 async fn mutate(State(state): State<Arc<AppState>>, Review(request): Review<DynamicObject>) -> Response {
     let _timer = state.metrics.time_admission("mutate");
     record_request(&request);
@@ -412,7 +413,7 @@ async fn mutate_pod(state: &AppState, request: &AdmissionRequest<DynamicObject>)
     state.metrics.decision("CREATE", decision, "protected-secret");
     tracing::info!(
         worker = mutation.worker.as_deref(),
-        secrets = ?mutation.secrets,
+        secrets = %mutation.secrets.iter().cloned().collect::<Vec<_>>().join(","),
         hatchery = hatchery.as_deref(),
         operations = mutation.patch.0.len(),
         "worker pod {decision}"
@@ -450,6 +451,19 @@ async fn hatchery_of(
     None
 }
 
+/// The secret's name. The per-item DELETEs of a deletecollection carry an empty
+/// `request.name`: the name is then only in `oldObject`.
+fn secret_name(request: &AdmissionRequest<PartialObjectMeta<Secret>>) -> &str {
+    match request
+        .old_object
+        .as_ref()
+        .and_then(|secret| secret.metadata.name.as_deref())
+    {
+        Some(name) if request.name.is_empty() => name,
+        _ => &request.name,
+    }
+}
+
 fn has_label(pod: &Pod, label: &str) -> bool {
     pod.metadata
         .labels
@@ -462,5 +476,5 @@ fn record_request<T: kube::Resource>(request: &AdmissionRequest<T>) {
     span.record("uid", request.uid.as_str());
     span.record("operation", tracing::field::debug(&request.operation));
     span.record("namespace", request.namespace.as_deref());
-    span.record("name", request.name.as_str());
+    span.record("object", request.name.as_str());
 }

@@ -145,8 +145,8 @@ const fn deny(reason: &'static str, message: &'static str) -> Expect {
     FakeCluster::slow(Duration::from_secs(30)), cds_secret_guard::config::PolicyConfig { lookup_timeout: Duration::from_millis(200), ..policy() },
     deny("lookup-failed", "did not answer within 200ms"))]
 #[case::per_item_delete_of_a_deletecollection(
-    set(secret_delete(YOUNG), "/request/options", json!({"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions", "propagationPolicy": "Background"})),
-    FakeCluster::default(), policy(), deny("too-young", "12s old"))]
+    set(secret_delete(YOUNG), "/request/name", json!("")),
+    FakeCluster::default(), policy(), deny("too-young", "secret cds-worker-config-w1 is 12s old"))]
 #[tokio::test]
 async fn secret_delete_rules(
     #[case] review: Value,

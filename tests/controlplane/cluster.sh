@@ -163,9 +163,8 @@ gen_pki() {
 			"subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local")"
 		client_ext="$(printf '%s\n' "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=clientAuth")"
 		sign admin "/O=system:masters/CN=admin" "$client_ext"
-		# The controller-manager runs every controller with its own identity
-		# (--use-service-account-credentials=false), and the GC must delete
-		# anything: give it system:masters rather than maintain RBAC for it.
+		# The controller-manager's own client: it creates the controllers'
+		# service accounts and requests their tokens.
 		sign controller-manager "/O=system:masters/CN=system:kube-controller-manager" "$client_ext"
 		# Service-account token signing key pair.
 		openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
@@ -278,10 +277,14 @@ cmd_up() {
 		# --secure-port=0: no health endpoint needed, and no port to collide.
 		# Controllers: GC (ownerReferences), namespace deletion, and ClusterRole
 		# aggregation so the built-in admin/edit/view roles get their rules.
+		# Each controller acts as its own service account, as in a kubeadm
+		# cluster: the namespace controller is
+		# system:serviceaccount:kube-system:namespace-controller (the guard's
+		# default exempt user), the garbage collector generic-garbage-collector.
 		start kube-controller-manager --kubeconfig="$kcm_kubeconfig" \
 			--controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller \
 			--leader-elect=false --secure-port=0 \
-			--use-service-account-credentials=false
+			--use-service-account-credentials=true
 		sleep 1
 		pid_of kube-controller-manager >/dev/null ||
 			{ tail -n 30 "$logs/kube-controller-manager.log" >&2; die "kube-controller-manager exited; see $logs/kube-controller-manager.log"; }

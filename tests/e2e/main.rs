@@ -124,6 +124,33 @@ async fn orphan_and_unprotected_secrets_are_deleted() {
 }
 
 #[tokio::test]
+async fn delete_collection_keeps_young_worker_secrets() {
+    let guard = shared_guard();
+    let ns = TestNamespace::new("collection").await;
+    ns.worker_secret("w-coll").await;
+
+    let selector = kube::api::ListParams::default().labels("CDS_HATCHERY_NAME");
+    let refused = ns
+        .secrets()
+        .delete_collection(&DeleteParams::default(), &selector)
+        .await;
+
+    let Err(kube::Error::Api(status)) = refused else {
+        panic!("deletecollection went through: {refused:?}")
+    };
+    denied_by_guard(&status, "secret cds-worker-config-w-coll is");
+    assert!(
+        ns.secrets()
+            .get_opt("cds-worker-config-w-coll")
+            .await
+            .unwrap()
+            .is_some(),
+        "secret kept"
+    );
+    guard.audit_line(&ns.name, "cds-worker-config-w-coll", "deny").await;
+}
+
+#[tokio::test]
 async fn worker_pod_gets_its_labels() {
     let _guard = shared_guard();
     let ns = TestNamespace::new("label").await;
@@ -204,9 +231,24 @@ fn render(overlay: &str) -> Vec<serde_json::Value> {
 }
 
 /// Server-side apply, dry run: the apiserver validates everything and keeps nothing.
+/// The webhook configurations are renamed, so they are not merged with the ones the
+/// test guard has registered under the same name.
 fn server_side_dry_run(objects: &[&serde_json::Value]) {
     use std::io::Write;
-    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let renamed: Vec<serde_json::Value> = objects
+        .iter()
+        .map(|&object| {
+            let mut object = object.clone();
+            if object["kind"]
+                .as_str()
+                .is_some_and(|k| k.ends_with("WebhookConfiguration"))
+            {
+                object["metadata"]["name"] = "cds-secret-guard-manifest-check".into();
+            }
+            object
+        })
+        .collect();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": renamed});
     let mut apply = kubectl()
         .args(["apply", "--server-side", "--dry-run=server", "-f", "-"])
         .stdin(std::process::Stdio::piped())
