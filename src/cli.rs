@@ -23,8 +23,10 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Write a development CA and a serving certificate signed by it.
     Certs(CertsArgs),
-    /// Print the webhook configurations for a guard reachable at a URL.
+    /// Print the webhook configurations for a guard reachable at a URL or a Service.
     Webhooks(WebhooksArgs),
+    /// Report every protected secret: its pod, ownerReference and labels; exits 1 on a mismatch.
+    Check(CheckArgs),
 }
 
 /// Flags of `serve`.
@@ -62,22 +64,9 @@ pub struct ServeArgs {
     #[arg(long, env = "CDS_GUARD_REQUEST_TIMEOUT", default_value = "4s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
 
-    /// Name prefix of protected secrets (repeatable; comma-separated in the variable).
-    #[arg(
-        long = "secret-prefix",
-        env = "CDS_GUARD_SECRET_PREFIXES",
-        value_delimiter = ',',
-        default_values_t = [String::from("cds-worker-config-"), String::from("cds-worker-registry-")]
-    )]
-    pub secret_prefixes: Vec<String>,
-
-    /// Label naming the worker on secrets and pods.
-    #[arg(long, env = "CDS_GUARD_WORKER_LABEL", default_value = "CDS_WORKER_NAME")]
-    pub worker_label: String,
-
-    /// Label naming the hatchery on secrets and pods.
-    #[arg(long, env = "CDS_GUARD_HATCHERY_LABEL", default_value = "CDS_HATCHERY_NAME")]
-    pub hatchery_label: String,
+    /// Which secrets are protected and how they pair with pods.
+    #[command(flatten)]
+    pub secrets: SecretArgs,
 
     /// User allowed to delete protected secrets without checks (repeatable).
     #[arg(
@@ -107,6 +96,57 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "CDS_GUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,
+}
+
+/// Which secrets are protected and how they pair with pods (shared by the commands).
+#[derive(Debug, Args)]
+pub struct SecretArgs {
+    /// Name prefix of protected secrets (repeatable; comma-separated in the variable).
+    #[arg(
+        long = "secret-prefix",
+        env = "CDS_GUARD_SECRET_PREFIXES",
+        value_delimiter = ',',
+        default_values_t = [String::from("cds-worker-config-"), String::from("cds-worker-registry-")]
+    )]
+    pub secret_prefixes: Vec<String>,
+
+    /// Label naming the worker on secrets and pods.
+    #[arg(long, env = "CDS_GUARD_WORKER_LABEL", default_value = "CDS_WORKER_NAME")]
+    pub worker_label: String,
+
+    /// Label naming the hatchery on secrets and pods.
+    #[arg(long, env = "CDS_GUARD_HATCHERY_LABEL", default_value = "CDS_HATCHERY_NAME")]
+    pub hatchery_label: String,
+}
+
+/// Flags of `check`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("scope").args(["namespace", "all_namespaces"]))]
+pub struct CheckArgs {
+    /// Namespace to check (default: the kubeconfig's namespace).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+
+    /// Check every namespace.
+    #[arg(long, short = 'A')]
+    pub all_namespaces: bool,
+
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+
+    /// Which secrets are protected, as given to `serve`.
+    #[command(flatten)]
+    pub secrets: SecretArgs,
+}
+
+/// How `check` prints its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned columns for people.
+    Table,
+    /// A JSON array for machines.
+    Json,
 }
 
 /// How log lines are written.
@@ -152,21 +192,31 @@ pub struct WebhooksArgs {
     #[arg(long, default_value = "cds-secret-guard")]
     pub guard_namespace: String,
 
-    /// Name prefixes of protected secrets, as given to `serve`.
-    #[arg(
-        long = "secret-prefix",
-        value_delimiter = ',',
-        default_values_t = [String::from("cds-worker-config-"), String::from("cds-worker-registry-")]
-    )]
-    pub secret_prefixes: Vec<String>,
-
-    /// Worker label, as given to `serve`.
-    #[arg(long, default_value = "CDS_WORKER_NAME")]
-    pub worker_label: String,
+    /// Which secrets are protected, as given to `serve`.
+    #[command(flatten)]
+    pub secrets: SecretArgs,
 
     /// Seconds the apiserver waits for the guard (at most 5 for the secret webhook).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=5))]
     pub timeout_seconds: i32,
+}
+
+// === impl SecretArgs ===
+
+impl SecretArgs {
+    /// A policy with these secrets and the defaults of `serve` for everything else.
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig {
+            grace_period: Duration::from_secs(600),
+            lookup_timeout: Duration::from_secs(2),
+            secret_prefixes: self.secret_prefixes.clone(),
+            worker_label: self.worker_label.clone(),
+            hatchery_label: self.hatchery_label.clone(),
+            exempt_users: Vec::new(),
+            exempt_groups: Vec::new(),
+            mode: Mode::Enforce,
+        }
+    }
 }
 
 // === impl ServeArgs ===
@@ -185,9 +235,9 @@ impl ServeArgs {
             policy: PolicyConfig {
                 grace_period: self.grace_period,
                 lookup_timeout: self.lookup_timeout,
-                secret_prefixes: self.secret_prefixes,
-                worker_label: self.worker_label,
-                hatchery_label: self.hatchery_label,
+                secret_prefixes: self.secrets.secret_prefixes,
+                worker_label: self.secrets.worker_label,
+                hatchery_label: self.secrets.hatchery_label,
                 exempt_users: self.exempt_users,
                 exempt_groups: self.exempt_groups,
                 mode: self.mode,

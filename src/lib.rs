@@ -10,17 +10,21 @@
 //! - [`policy`]: the secret-DELETE rules (pure, apart from the lookups they ask for);
 //! - [`mutation`]: the pod-CREATE patch (pure);
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
+//! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
 //! - [`audit`], [`metrics`], [`telemetry`]: what operators see;
-//! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration.
+//! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
+//! - [`check`]: the report on protected secrets in a running system.
 
 pub mod admission;
 pub mod audit;
 pub mod certs;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod lookup;
 pub mod metrics;
 pub mod mutation;
+pub mod owner_refs;
 pub mod policy;
 pub mod server;
 pub mod telemetry;
@@ -75,6 +79,10 @@ pub enum Error {
     /// No Kubernetes client could be configured (no kubeconfig, not in a cluster).
     #[error("no Kubernetes client configuration: {0}")]
     KubeConfig(String),
+
+    /// A write kept conflicting with other writers.
+    #[error("conflict: {0}")]
+    Conflict(String),
 
     /// A command-line value that cannot be used.
     #[error("{0}")]

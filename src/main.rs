@@ -1,16 +1,18 @@
 //! `cds-secret-guard`: parse flags, set up, and hand over to the library.
 
+use std::process::ExitCode;
+
 use anyhow::Context;
 use cds_secret_guard::{
-    Server, certs,
-    cli::{Cli, Command},
+    Server, certs, check,
+    cli::{Cli, Command, OutputFormat},
     telemetry, webhooks,
 };
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     // Both kube's client and the server use rustls; pick the provider once, before either
     // builds a configuration, so neither has to guess.
@@ -37,8 +39,28 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         Command::Webhooks(args) => print!("{}", webhooks::render(&args)?),
+        Command::Check(args) => {
+            let client = kube::Client::try_default().await.context("no Kubernetes client")?;
+            let namespace = match (&args.namespace, args.all_namespaces) {
+                (_, true) => None,
+                (Some(namespace), false) => Some(namespace.clone()),
+                (None, false) => Some(client.default_namespace().to_owned()),
+            };
+            let policy = args.secrets.policy();
+            let reports = check::run(client, &policy, namespace.as_deref()).await?;
+            match args.output {
+                OutputFormat::Table => print!("{}", check::table(&reports)),
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&reports)?),
+            }
+            if reports
+                .iter()
+                .any(|report| report.verdict == check::Verdict::Mismatched)
+            {
+                std::process::exit(1);
+            }
+        }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Cancels `token` on SIGTERM (Kubernetes stopping the pod) or Ctrl-C.

@@ -22,6 +22,9 @@ pub struct Metrics {
     lookup_duration: Histogram,
     lookup_errors: Counter,
     certificate_reloads: Family<ResultLabels, Counter>,
+    references_added: Counter,
+    adoption_conflicts: Counter,
+    adoption_latency: Histogram,
 }
 
 /// Labels of `admission_decisions_total`.
@@ -102,6 +105,25 @@ impl Default for Metrics {
             "Serving certificate reloads by result",
             certificate_reloads.clone(),
         );
+        let references_added = Counter::default();
+        registry.register(
+            "owner_references_added",
+            "ownerReferences written to worker secrets",
+            references_added.clone(),
+        );
+        let adoption_conflicts = Counter::default();
+        registry.register(
+            "owner_reference_conflicts",
+            "ownerReference writes that lost a race and were retried",
+            adoption_conflicts.clone(),
+        );
+        let adoption_latency = Histogram::new(exponential_buckets(0.01, 2.0, 12));
+        registry.register_with_unit(
+            "adoption_latency",
+            "Time from a pod's creation to its secret's ownerReference",
+            Unit::Seconds,
+            adoption_latency.clone(),
+        );
         let build = Info::new(vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]);
         registry.register("build", "Build information", build);
         Self {
@@ -111,6 +133,9 @@ impl Default for Metrics {
             lookup_duration,
             lookup_errors,
             certificate_reloads,
+            references_added,
+            adoption_conflicts,
+            adoption_latency,
         }
     }
 }
@@ -153,6 +178,21 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+
+    /// Counts an ownerReference written.
+    pub fn reference_added(&self) {
+        self.references_added.inc();
+    }
+
+    /// Counts an ownerReference write that conflicted with another writer.
+    pub fn adoption_conflict(&self) {
+        self.adoption_conflicts.inc();
+    }
+
+    /// Records the time from a pod's creation to its secret's ownerReference.
+    pub fn adoption_latency(&self, seconds: f64) {
+        self.adoption_latency.observe(seconds);
     }
 
     /// The registry in the Prometheus text format.

@@ -44,6 +44,7 @@ use crate::{
     lookup::{ClusterLookup, KubeLookup, Metered, Unavailable},
     metrics::Metrics,
     mutation,
+    owner_refs::Reconciler,
     policy::{self, SecretDelete, Verdict},
     tls::CertStore,
 };
@@ -68,6 +69,7 @@ pub struct Server {
     config: Config,
     state: Arc<AppState>,
     ready: Arc<AtomicBool>,
+    reconciler: Option<Arc<Reconciler>>,
 }
 
 /// A server whose sockets are bound, ready to serve.
@@ -84,14 +86,23 @@ impl Server {
     /// Builds the server with a Kubernetes client from the standard places (`KUBECONFIG`,
     /// in-cluster). Without any configuration it still starts, and fails closed.
     pub async fn from_config(config: Config) -> Self {
-        let lookup: Arc<dyn ClusterLookup> = match kube::Client::try_default().await {
-            Ok(client) => Arc::new(KubeLookup::new(client)),
+        match kube::Client::try_default().await {
+            Ok(client) => Self::new(config, Arc::new(KubeLookup::new(client.clone()))).with_reconciler(client),
             Err(error) => {
                 tracing::error!(%error, "no Kubernetes client: every worker-secret delete will be denied");
-                Arc::new(Unavailable(error.to_string()))
+                Self::new(config, Arc::new(Unavailable(error.to_string())))
             }
-        };
-        Self::new(config, lookup)
+        }
+    }
+
+    /// Also runs the ownerReference reconciler, through `client`.
+    pub fn with_reconciler(mut self, client: kube::Client) -> Self {
+        self.reconciler = Some(Reconciler::new(
+            client,
+            self.config.policy.clone(),
+            self.state.metrics.clone(),
+        ));
+        self
     }
 
     /// Builds the server with the given cluster reads (tests pass a fake).
@@ -107,6 +118,7 @@ impl Server {
             config,
             state,
             ready: Arc::new(AtomicBool::new(false)),
+            reconciler: None,
         }
     }
 
@@ -180,6 +192,9 @@ impl Bound {
             shutdown.clone(),
         ));
 
+        if let Some(reconciler) = server.reconciler.clone() {
+            tokio::spawn(reconciler.run(shutdown.clone()));
+        }
         let probe_router = server.probe_router();
         let probe_shutdown = shutdown.clone();
         let probe_task = tokio::spawn(async move {

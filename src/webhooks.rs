@@ -81,7 +81,7 @@ pub fn configurations(
             namespace_selector: Some(namespaces.clone()),
             match_conditions: Some(vec![MatchCondition {
                 name: "protected-secret".to_owned(),
-                expression: protected_secret_expression(&args.secret_prefixes, &args.worker_label),
+                expression: protected_secret_expression(&args.secrets.secret_prefixes, &args.secrets.worker_label),
             }]),
             ..Default::default()
         }]),

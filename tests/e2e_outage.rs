@@ -10,8 +10,13 @@ use std::time::Duration;
 use harness::*;
 use kube::api::DeleteParams;
 
+/// These tests stop guards on purpose: one at a time, so that no other guard covers for
+/// the stopped one.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn worker_secrets_survive_a_guard_outage() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let guard = Guard::start();
     let ns = TestNamespace::new("outage").await;
     ns.worker_secret("w-outage").await;
@@ -41,4 +46,31 @@ async fn worker_secrets_survive_a_guard_outage() {
     ns.delete_secret("cds-worker-config-w-outage", &DeleteParams::default())
         .await
         .expect("an orphan, deleted once the guard is back");
+}
+
+/// Pods and secrets created while the guard is down get their references once it is back.
+#[tokio::test]
+async fn restarted_guard_backfills_references() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let guard = Guard::unregistered();
+    guard.kill();
+    let ns = TestNamespace::new("backfill").await;
+    ns.worker_secret("w-back").await;
+    // The CDS hatchery labels its pods itself.
+    let pod = ns
+        .worker_pod_labelled("w-back", serde_json::json!({"CDS_WORKER_NAME": "w-back"}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = ns.secrets().get_metadata("cds-worker-config-w-back").await.unwrap();
+    assert!(
+        before.metadata.owner_references.is_none(),
+        "nobody adopted it while the guard was down"
+    );
+
+    guard.run();
+
+    let owners = ns
+        .owner_references("cds-worker-config-w-back", Duration::from_secs(10))
+        .await;
+    assert_eq!(owners[0].uid, pod.metadata.uid.unwrap());
 }

@@ -15,7 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::{
+    api::core::v1::{Namespace, Pod, Secret},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
 use kube::{
     Api, Client,
     api::{DeleteParams, PostParams},
@@ -105,6 +108,7 @@ impl Guard {
             .args(["certs", "--out"])
             .arg(&certs)
             .args(["--host", "127.0.0.1", "--host", "localhost"])
+            .stdout(Stdio::null())
             .status()
             .unwrap();
         assert!(status.success(), "cds-secret-guard certs failed");
@@ -117,6 +121,33 @@ impl Guard {
         };
         guard.run();
         guard.register();
+        guard
+    }
+
+    /// Starts a guard that is not registered with the apiserver: only its reconciler
+    /// does anything, beside the registered one.
+    pub fn unregistered() -> Self {
+        control_plane();
+        let port = free_port();
+        let dir = repo()
+            .join("target/e2e")
+            .join(format!("extra-{}-{port}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let certs = dir.join("certs");
+        let status = Command::new(GUARD)
+            .args(["certs", "--out"])
+            .arg(&certs)
+            .args(["--host", "127.0.0.1"])
+            .stdout(Stdio::null())
+            .status();
+        assert!(status.unwrap().success());
+        let guard = Self {
+            admission: SocketAddr::from(([127, 0, 0, 1], port)),
+            probes: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            dir,
+            process: Mutex::new(None),
+        };
+        guard.run();
         guard
     }
 
@@ -342,8 +373,13 @@ impl TestNamespace {
 
     /// Creates the worker pod `<worker>`, without labels, reading its secret.
     pub async fn worker_pod(&self, worker: &str) -> Pod {
+        self.worker_pod_labelled(worker, json!({})).await
+    }
+
+    /// Creates the worker pod `<worker>` with `labels`, reading its secret.
+    pub async fn worker_pod_labelled(&self, worker: &str, labels: Value) -> Pod {
         let pod = serde_json::from_value(json!({
-            "metadata": {"name": worker},
+            "metadata": {"name": worker, "labels": labels},
             "spec": {
                 "restartPolicy": "Never",
                 "containers": [{
@@ -355,6 +391,32 @@ impl TestNamespace {
         }))
         .unwrap();
         self.pods().create(&PostParams::default(), &pod).await.unwrap()
+    }
+
+    /// Waits until the secret has an ownerReference to a pod; returns the references.
+    pub async fn owner_references(&self, secret: &str, within: Duration) -> Vec<OwnerReference> {
+        let deadline = Instant::now() + within;
+        loop {
+            let found = self.secrets().get_metadata_opt(secret).await.unwrap();
+            let owners = found.and_then(|s| s.metadata.owner_references).unwrap_or_default();
+            if !owners.is_empty() {
+                return owners;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no ownerReference on {secret} within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until the secret is gone.
+    pub async fn gone(&self, secret: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.secrets().get_metadata_opt(secret).await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "{secret} still there after {within:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Deletes a secret and returns the apiserver's refusal, if any.
