@@ -5,13 +5,15 @@
 #                        register the webhooks, print what to try
 #   hack/local.sh down   unregister, stop the guard and the control plane
 #
-# State lives in target/local/: certs/, guard.log, guard.pid, webhooks.yaml.
+# Certificates go to certs/ (git-ignored); the rest lives in target/local/: guard.log,
+# guard.pid, webhooks.yaml.
 # Env: CDS_GUARD_GRACE_PERIOD (default 10m here too), CDS_GUARD_LISTEN (127.0.0.1:8443),
 # CDS_GUARD_PROBE_LISTEN (127.0.0.1:8080).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 state="$repo/target/local"
+certs="$repo/certs"
 guard="$repo/target/release/cds-secret-guard"
 cluster="$repo/tests/controlplane/cluster.sh"
 listen="${CDS_GUARD_LISTEN:-127.0.0.1:8443}"
@@ -39,9 +41,9 @@ up() {
 		kill -TERM "$pid"
 		while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
 	fi
-	"$guard" certs --out "$state/certs" --host 127.0.0.1 --host localhost >/dev/null
+	"$guard" certs --out "$certs" --host 127.0.0.1 --host localhost >/dev/null
 	CDS_GUARD_LISTEN="$listen" CDS_GUARD_PROBE_LISTEN="$probes" \
-		CDS_GUARD_TLS_CERT="$state/certs/tls.crt" CDS_GUARD_TLS_KEY="$state/certs/tls.key" \
+		CDS_GUARD_TLS_CERT="$certs/tls.crt" CDS_GUARD_TLS_KEY="$certs/tls.key" \
 		setsid "$guard" serve >>"$state/guard.log" 2>&1 </dev/null &
 	echo $! >"$state/guard.pid"
 	for _ in $(seq 100); do
@@ -51,7 +53,7 @@ up() {
 	done
 	curl -fsS "http://$probes/readyz" >/dev/null || { log "the guard is not ready; see $state/guard.log"; exit 1; }
 
-	"$guard" webhooks --url "https://$listen" --ca-bundle "$state/certs/ca.crt" >"$state/webhooks.yaml"
+	"$guard" webhooks --url "https://$listen" --ca-bundle "$certs/ca.crt" >"$state/webhooks.yaml"
 	kubectl apply -f "$state/webhooks.yaml" >/dev/null
 	log "guard running (pid $(<"$state/guard.pid")), registered with the apiserver"
 
