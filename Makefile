@@ -31,3 +31,8 @@ lint: ## Formatting and clippy, as CI checks them
 .PHONY: controlplane
 controlplane: ## Build the control plane binaries (cached)
 	tests/controlplane/build.sh
+
+.PHONY: race
+race: ## The hatchery race, long (10,000 spawns per mode); CDS_CP_HA=1 for two apiservers, RACE_ARGS for more
+	cargo build --release --locked --bins --example race
+	target/release/examples/race $(RACE_ARGS)

@@ -29,7 +29,17 @@ use serde_json::{Value, json};
 /// Grace period the test guard runs with: short, so "after the grace period" is seconds.
 pub const GRACE: Duration = Duration::from_secs(4);
 
-const GUARD: &str = env!("CARGO_BIN_EXE_cds-secret-guard");
+/// The guard binary: cargo names it for tests; an example finds it beside its own
+/// directory (`target/<profile>/examples/..`).
+fn guard_binary() -> PathBuf {
+    match option_env!("CARGO_BIN_EXE_cds-secret-guard") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let exe = std::env::current_exe().unwrap();
+            exe.parent().and_then(Path::parent).unwrap().join("cds-secret-guard")
+        }
+    }
+}
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -39,6 +49,7 @@ fn repo() -> &'static Path {
 pub fn control_plane() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
     KUBECONFIG.get_or_init(|| {
+        // `cluster.sh up` starts the single-apiserver cluster, or the HA one with CDS_CP_HA=1.
         let script = repo().join("tests/controlplane/cluster.sh");
         let output = Command::new(&script).arg("up").output().expect("run cluster.sh up");
         assert!(
@@ -62,7 +73,12 @@ pub fn kubectl() -> Command {
 
 /// A kube client for the local control plane, as admin.
 pub async fn client() -> Client {
-    let kubeconfig = Kubeconfig::read_from(control_plane()).unwrap();
+    client_for(control_plane()).await
+}
+
+/// A kube client from a kubeconfig file (in HA mode: one per apiserver).
+pub async fn client_for(kubeconfig: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .unwrap();
@@ -104,7 +120,7 @@ impl Guard {
             .join(format!("guard-{}-{}", std::process::id(), free_port()));
         fs::create_dir_all(&dir).unwrap();
         let certs = dir.join("certs");
-        let status = Command::new(GUARD)
+        let status = Command::new(guard_binary())
             .args(["certs", "--out"])
             .arg(&certs)
             .args(["--host", "127.0.0.1", "--host", "localhost"])
@@ -134,7 +150,7 @@ impl Guard {
             .join(format!("extra-{}-{port}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let certs = dir.join("certs");
-        let status = Command::new(GUARD)
+        let status = Command::new(guard_binary())
             .args(["certs", "--out"])
             .arg(&certs)
             .args(["--host", "127.0.0.1"])
@@ -164,7 +180,7 @@ impl Guard {
             .open(self.log_path())
             .unwrap();
         let certs = self.dir.join("certs");
-        let child = Command::new(GUARD)
+        let child = Command::new(guard_binary())
             .arg("serve")
             .env("KUBECONFIG", control_plane())
             .env("CDS_GUARD_LISTEN", self.admission.to_string())
@@ -218,7 +234,7 @@ impl Guard {
 
     /// Applies the output of `cds-secret-guard webhooks`, as a user would.
     fn register(&self) {
-        let output = Command::new(GUARD)
+        let output = Command::new(guard_binary())
             .args([
                 "webhooks",
                 "--url",

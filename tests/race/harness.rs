@@ -317,7 +317,10 @@ async fn cleanup(b: Client, namespace: String, settings: Settings, shared: Arc<S
         let own = ListParams::default()
             .labels(&format!("CDS_HATCHERY_NAME={HATCHERY}"))
             .match_any();
-        let Ok(listed) = pods.list(&own).await else { continue };
+        let Ok(listed) = pods.list(&own).await else {
+            tokio::time::sleep(settings.cleanup_interval).await;
+            continue;
+        };
         let workers: BTreeSet<String> = listed
             .items
             .iter()
