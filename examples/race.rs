@@ -14,7 +14,7 @@ mod harness;
 use std::{path::Path, process::Command, process::ExitCode, time::Duration};
 
 use clap::{Parser, ValueEnum};
-use e2e::{Guard, TestNamespace, client_for, control_plane, kubectl};
+use e2e::{Guard, TestNamespace, client_for, control_plane, unregister_webhooks};
 use harness::{Cleanup, Settings, TABLE_HEADER, row, run};
 
 #[derive(Debug, Parser)]
@@ -23,6 +23,9 @@ struct Args {
     /// Workers spawned per mode.
     #[arg(long, default_value_t = 10_000)]
     spawns: usize,
+    /// Stop spawning after this long (e.g. 10m), even before --spawns.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
     /// Workers alive at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -100,6 +103,7 @@ async fn main() -> ExitCode {
     };
     let settings = Settings {
         spawns: args.spawns,
+        duration: args.duration,
         concurrency: args.concurrency,
         seed: args.seed,
         list_lag: args.list_lag,
@@ -126,16 +130,7 @@ async fn main() -> ExitCode {
         let guard = if guarded {
             Some(Guard::start())
         } else {
-            let status = kubectl()
-                .args([
-                    "delete",
-                    "validatingwebhookconfiguration,mutatingwebhookconfiguration",
-                    "cds-secret-guard",
-                ])
-                .args(["--ignore-not-found"])
-                .status()
-                .unwrap();
-            assert!(status.success());
+            assert!(unregister_webhooks(), "cannot remove the webhooks");
             None
         };
         let ns = TestNamespace::new("race").await;

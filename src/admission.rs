@@ -118,8 +118,7 @@ pub fn reply(response: AdmissionResponse) -> Response {
 impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
-            Self::NotJson(_) | Self::NotAReview(_) | Self::NoRequest => StatusCode::BAD_REQUEST,
-            Self::WrongVersion(_) => StatusCode::BAD_REQUEST,
+            Self::NotJson(_) | Self::NotAReview(_) | Self::WrongVersion(_) | Self::NoRequest => StatusCode::BAD_REQUEST,
             Self::Body { status, .. } => *status,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -1,27 +1,21 @@
 //! Builders for unit tests: `worker_pod("w1").env_secret("cds-worker-config-w1").build()`.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{
     Container, EnvFromSource, EnvVar, EnvVarSource, EphemeralContainer, LocalObjectReference, Pod, PodSpec,
     ProjectedVolumeSource, SecretEnvSource, SecretKeySelector, SecretProjection, SecretVolumeSource, Volume,
     VolumeProjection,
 };
 
-use crate::config::{Mode, PolicyConfig};
+use crate::config::PolicyConfig;
 
-/// The default policy of `serve`.
+/// The default policy of `serve`, as its flags make it.
 pub fn policy() -> PolicyConfig {
-    PolicyConfig {
-        grace_period: Duration::from_secs(600),
-        lookup_timeout: Duration::from_secs(2),
-        secret_prefixes: vec!["cds-worker-config-".to_owned(), "cds-worker-registry-".to_owned()],
-        worker_label: "CDS_WORKER_NAME".to_owned(),
-        hatchery_label: "CDS_HATCHERY_NAME".to_owned(),
-        exempt_users: vec!["system:serviceaccount:kube-system:namespace-controller".to_owned()],
-        exempt_groups: vec![],
-        mode: Mode::Enforce,
-    }
+    use clap::Parser;
+    let cli = crate::cli::Cli::parse_from(["cds-secret-guard", "serve"]);
+    let crate::cli::Command::Serve(args) = cli.command else {
+        unreachable!("parsed serve")
+    };
+    args.into_config().policy
 }
 
 /// A pod under construction.

@@ -3,6 +3,7 @@
 //! the policy or the mutation, audit and count.
 
 use std::{
+    future::IntoFuture,
     net::SocketAddr,
     sync::{
         Arc,
@@ -195,15 +196,18 @@ impl Bound {
         if let Some(reconciler) = server.reconciler.clone() {
             tokio::spawn(reconciler.run(shutdown.clone()));
         }
+        // The probes outlive the admission server: /readyz says 503 while requests drain.
+        let probes_done = CancellationToken::new();
         let probe_router = server.probe_router();
-        let probe_shutdown = shutdown.clone();
-        let probe_task = tokio::spawn(async move {
+        let probe_task = tokio::spawn(
             axum::serve(probes, probe_router)
-                .with_graceful_shutdown(probe_shutdown.cancelled_owned())
-                .await
-        });
+                .with_graceful_shutdown(probes_done.clone().cancelled_owned())
+                .into_future(),
+        );
 
-        tracing::info!(admission = %admission.local_addr().map_err(|source| Error::Bind { addr: server.config.listen, source })?, "serving");
+        if let Ok(addr) = admission.local_addr() {
+            tracing::info!(%addr, "serving admission");
+        }
         server.ready.store(true, Ordering::SeqCst);
         let graceful = GracefulShutdown::new();
         let router = server.router();
@@ -245,6 +249,7 @@ impl Bound {
         {
             tracing::warn!("requests still in flight after the shutdown timeout");
         }
+        probes_done.cancel();
         match probe_task.await {
             Ok(result) => result.map_err(|source| Error::Bind {
                 addr: server.config.probe_listen,

@@ -277,6 +277,13 @@ async fn shutdown_finishes_requests_in_flight_and_stops_accepting() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     server.shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let readyz = reqwest::get(format!("http://{}/readyz", server.probes)).await.unwrap();
+    assert_eq!(
+        readyz.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not ready while draining"
+    );
     let response = in_flight.await.unwrap().expect("the request in flight is answered");
     assert_eq!(response.status(), StatusCode::OK);
     let answer: Value = response.json().await.unwrap();

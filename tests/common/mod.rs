@@ -12,7 +12,7 @@ use axum::{
 };
 use cds_secret_guard::{
     Config, Error, Result,
-    config::{Mode, PolicyConfig},
+    config::PolicyConfig,
     lookup::{ClusterLookup, PodState},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -57,18 +57,14 @@ pub fn time_ago(ago: Duration) -> Value {
     Value::String(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
 }
 
-/// The policy `serve` uses by default.
+/// The policy `serve` uses by default, as its flags make it.
 pub fn policy() -> PolicyConfig {
-    PolicyConfig {
-        grace_period: Duration::from_secs(600),
-        lookup_timeout: Duration::from_secs(2),
-        secret_prefixes: vec!["cds-worker-config-".into(), "cds-worker-registry-".into()],
-        worker_label: "CDS_WORKER_NAME".into(),
-        hatchery_label: "CDS_HATCHERY_NAME".into(),
-        exempt_users: vec!["system:serviceaccount:kube-system:namespace-controller".into()],
-        exempt_groups: vec![],
-        mode: Mode::Enforce,
-    }
+    use clap::Parser;
+    let cli = cds_secret_guard::cli::Cli::parse_from(["cds-secret-guard", "serve"]);
+    let cds_secret_guard::cli::Command::Serve(args) = cli.command else {
+        unreachable!("parsed serve")
+    };
+    args.into_config().policy
 }
 
 /// A server configuration on ephemeral loopback ports with the given certificate files.

@@ -336,16 +336,23 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.kill();
-        let _ = kubectl()
-            .args([
-                "delete",
-                "validatingwebhookconfiguration,mutatingwebhookconfiguration",
-                "cds-secret-guard",
-            ])
-            .args(["--ignore-not-found", "--wait=false"])
-            .stdout(Stdio::null())
-            .status();
+        let _ = unregister_webhooks();
     }
+}
+
+/// Removes the guard's webhook configurations, whoever registered them; true when done.
+#[must_use]
+pub fn unregister_webhooks() -> bool {
+    let status = kubectl()
+        .args([
+            "delete",
+            "validatingwebhookconfiguration,mutatingwebhookconfiguration",
+            "cds-secret-guard",
+        ])
+        .arg("--ignore-not-found")
+        .stdout(Stdio::null())
+        .status();
+    status.is_ok_and(|s| s.success())
 }
 
 /// A namespace for one test, deleted (by the namespace controller) when dropped.

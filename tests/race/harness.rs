@@ -54,6 +54,8 @@ pub enum Cleanup {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub spawns: usize,
+    /// Stop spawning after this long, even before `spawns` (the report counts what ran).
+    pub duration: Option<Duration>,
     pub concurrency: usize,
     pub seed: u64,
     /// Life of a worker of the cleanup's own hatchery, in milliseconds.
@@ -78,6 +80,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             spawns: 200,
+            duration: None,
             concurrency: 8,
             seed: 1,
             life_ms: (300, 1500),
@@ -205,32 +208,40 @@ pub async fn run(a: Client, b: Client, namespace: &str, settings: &Settings) -> 
             )
         })
         .collect();
+    let time_up = async {
+        match settings.duration {
+            Some(duration) => tokio::time::sleep(duration).await,
+            None => std::future::pending().await,
+        }
+    };
+    let spawned = std::sync::atomic::AtomicUsize::new(0);
     futures::stream::iter(workers)
+        .take_until(time_up)
         .for_each_concurrent(settings.concurrency, |(worker, hatchery, life)| {
-            let (a, shared) = (a.clone(), shared.clone());
-            async move { spawn_worker(a, namespace, &worker, hatchery, life, settings, &shared).await }
+            let (a, shared, spawned) = (a.clone(), shared.clone(), &spawned);
+            async move {
+                spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                spawn_worker(a, namespace, &worker, hatchery, life, settings, &shared).await
+            }
         })
         .await;
     let spawning = started.elapsed();
+    let spawns = spawned.into_inner();
 
-    // Settle: the killer removes the finished pods, cleanup and GC the secrets left.
+    // Settle: the killer removes the finished pods; then the cleanup and the garbage
+    // collector get `settle` to deal with the secrets left.
     let secrets: Api<PartialObjectMeta<Secret>> = Api::namespaced(a.clone(), namespace);
-    let pods: Api<Pod> = Api::namespaced(a.clone(), namespace);
-    let hatchery_secrets = ListParams::default().labels("CDS_HATCHERY_NAME");
+    let pods: Api<PartialObjectMeta<Pod>> = Api::namespaced(a.clone(), namespace);
+    let labelled = ListParams::default().labels("CDS_HATCHERY_NAME");
+    let pods_deadline = Instant::now() + Duration::from_secs(600);
+    while pods.list(&labelled).await.map_or(true, |l| !l.items.is_empty()) && Instant::now() < pods_deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let deadline = Instant::now() + settings.settle;
     let orphans = loop {
-        let pods_left = pods
-            .list(&hatchery_secrets)
-            .await
-            .map(|l| l.items.len())
-            .unwrap_or(usize::MAX);
-        let secrets_left = secrets
-            .list(&hatchery_secrets)
-            .await
-            .map(|l| l.items.len())
-            .unwrap_or(usize::MAX);
-        if (pods_left == 0 && secrets_left == 0) || Instant::now() > deadline {
-            break secrets_left;
+        let left = secrets.list(&labelled).await.map_or(usize::MAX, |l| l.items.len());
+        if left == 0 || Instant::now() > deadline {
+            break left;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
@@ -241,8 +252,8 @@ pub async fn run(a: Client, b: Client, namespace: &str, settings: &Settings) -> 
     let denied = shared.denied.lock().unwrap().clone();
     let errors = shared.errors.lock().unwrap().clone();
     Report {
-        spawns: settings.spawns,
-        spawns_per_second: settings.spawns as f64 / spawning.as_secs_f64(),
+        spawns,
+        spawns_per_second: spawns as f64 / spawning.as_secs_f64(),
         lost,
         orphans,
         denied,
@@ -367,21 +378,26 @@ async fn killer(a: Client, namespace: String, registry: bool, shared: Arc<Shared
     let secrets: Api<Secret> = Api::namespaced(a, &namespace);
     while !stop.is_cancelled() {
         if let Ok(listed) = pods.list(&ListParams::default().labels("CDS_HATCHERY_NAME")).await {
-            for pod in listed
+            let finished = listed
                 .items
-                .iter()
-                .filter(|p| !is_live(p) && p.metadata.deletion_timestamp.is_none())
-            {
-                let Some(worker) = pod.metadata.name.as_deref() else {
-                    continue;
-                };
-                if pods.delete(worker, &DeleteParams::default()).await.is_err() {
-                    continue;
-                }
-                for name in secret_names(worker, registry) {
-                    shared.delete_secret(&secrets, &name).await;
-                }
-            }
+                .into_iter()
+                .filter(|p| !is_live(p) && p.metadata.deletion_timestamp.is_none());
+            futures::stream::iter(finished)
+                .for_each_concurrent(16, |pod| {
+                    let (pods, secrets, shared) = (&pods, &secrets, &shared);
+                    async move {
+                        let Some(worker) = pod.metadata.name.as_deref() else {
+                            return;
+                        };
+                        if pods.delete(worker, &DeleteParams::default()).await.is_err() {
+                            return;
+                        }
+                        for name in secret_names(worker, registry) {
+                            shared.delete_secret(secrets, &name).await;
+                        }
+                    }
+                })
+                .await;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
