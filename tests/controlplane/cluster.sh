@@ -240,6 +240,9 @@ lock() {
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 check_port() { # check_port PORT ENV_VAR
+	# A process of ours killed a moment ago may hold its port until it is reaped.
+	local i
+	for i in $(seq 20); do port_busy "$1" || return 0; sleep 0.5; done
 	if port_busy "$1"; then die "port $1 is in use by another process; set $2 to another port"; fi
 }
 

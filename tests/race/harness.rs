@@ -275,17 +275,15 @@ async fn spawn_worker(
     let pods: Api<Pod> = Api::namespaced(a, namespace);
     let labels = json!({"CDS_HATCHERY_NAME": hatchery, "CDS_WORKER_NAME": worker});
     let names = secret_names(worker, settings.registry_secret);
+    let (post, patch) = (PostParams::default(), PatchParams::default());
     let create_secrets = async {
         for name in &names {
-            let secret = serde_json::from_value(json!({
+            let secret: Secret = serde_json::from_value(json!({
                 "metadata": {"name": name, "labels": labels},
                 "stringData": {"CDS_CONFIG": "token"},
             }))
             .unwrap();
-            secrets
-                .create(&PostParams::default(), &secret)
-                .await
-                .expect("create secret");
+            retry("create secret", true, || secrets.create(&post, &secret)).await;
         }
     };
     let pod: Pod = serde_json::from_value(json!({
@@ -296,26 +294,49 @@ async fn spawn_worker(
         }]},
     }))
     .unwrap();
+    let create_pod = || retry("create pod", true, || pods.create(&post, &pod));
     if settings.pod_first {
-        pods.create(&PostParams::default(), &pod).await.expect("create pod");
+        create_pod().await;
         create_secrets.await;
     } else {
         create_secrets.await;
-        pods.create(&PostParams::default(), &pod).await.expect("create pod");
+        create_pod().await;
     }
 
     tokio::time::sleep(life).await;
 
     // Still running: its secret must still be there (quorum read).
     for name in &names {
-        if secrets.get_metadata_opt(name).await.expect("read secret").is_none() {
+        let present = retry("read secret", false, || secrets.get_metadata_opt(name)).await;
+        if present.flatten().is_none() {
             shared.lost.lock().unwrap().insert(worker.to_owned());
         }
     }
-    let finished = json!({"status": {"phase": "Succeeded"}});
-    pods.patch_status(worker, &PatchParams::default(), &Patch::Merge(&finished))
-        .await
-        .expect("finish pod");
+    let finished = Patch::Merge(json!({"status": {"phase": "Succeeded"}}));
+    retry("finish pod", false, || pods.patch_status(worker, &patch, &finished)).await;
+}
+
+/// Calls the apiserver until it answers, through the transient errors of an etcd member
+/// or an apiserver restarting, as the hatchery's client would retry. With `create`, an
+/// AlreadyExists after a failed attempt means that attempt went through: `None`.
+async fn retry<T, F, Fut>(what: &str, create: bool, mut call: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    const ATTEMPTS: usize = 120;
+    for attempt in 1..=ATTEMPTS {
+        match call().await {
+            Ok(value) => return Some(value),
+            Err(kube::Error::Api(status)) if create && status.code == 409 && attempt > 1 => return None,
+            Err(error) if attempt < ATTEMPTS => {
+                eprintln!("race: {what}: {error}; retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(error) => panic!("{what}: still failing after {ATTEMPTS} attempts: {error}"),
+        }
+    }
+    unreachable!("the last attempt returns or panics")
 }
 
 /// CDS's `deleteSecrets`, through apiserver B.
