@@ -399,10 +399,9 @@ async fn killer(a: Client, namespace: String, registry: bool, shared: Arc<Shared
     let secrets: Api<Secret> = Api::namespaced(a, &namespace);
     while !stop.is_cancelled() {
         if let Ok(listed) = pods.list(&ListParams::default().labels("CDS_HATCHERY_NAME")).await {
-            let finished = listed
-                .items
-                .into_iter()
-                .filter(|p| !is_live(p) && p.metadata.deletion_timestamp.is_none());
+            // A pod left terminating by a delete that failed half-way (an etcd member dying
+            // under it) is deleted again: with no kubelet, nothing else would.
+            let finished = listed.items.into_iter().filter(|p| !is_live(p));
             futures::stream::iter(finished)
                 .for_each_concurrent(16, |pod| {
                     let (pods, secrets, shared) = (&pods, &secrets, &shared);
