@@ -13,7 +13,12 @@ use k8s_openapi::{
 use kube::{Api, Client, api::ListParams};
 use serde::Serialize;
 
-use crate::{Result, config::PolicyConfig};
+use crate::{
+    Result,
+    config::PolicyConfig,
+    lookup::PodState,
+    policy::{pod_owners, secret_age},
+};
 
 /// What `check` concludes about one secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -118,20 +123,10 @@ async fn worker_pod(client: &Client, policy: &PolicyConfig, namespace: &str, wor
 
 /// The report for one secret and its worker's pod.
 pub fn classify(policy: &PolicyConfig, secret: &ObjectMeta, worker: &str, pod: Option<&Pod>, now: Timestamp) -> Report {
-    let age = secret
-        .creation_timestamp
-        .as_ref()
-        .and_then(|created| Duration::try_from(now.duration_since(created.0)).ok())
-        .unwrap_or_default();
-    let live = pod.filter(|pod| crate::lookup::PodState::from((*pod).clone()).is_live());
+    let age = secret_age(secret, now);
+    let live = pod.filter(|pod| PodState::from(*pod).is_live());
     let pod_uid = live.and_then(|pod| pod.metadata.uid.as_deref());
-    let owner_uids: Vec<&str> = secret
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|owner| owner.kind == "Pod" && owner.api_version == "v1")
-        .map(|owner| owner.uid.as_str())
-        .collect();
+    let owner_uids: Vec<&str> = pod_owners(secret).map(|owner| owner.uid.as_str()).collect();
     let owner = match (owner_uids.is_empty(), pod_uid) {
         (true, _) => OwnerState::None,
         (false, Some(uid)) if owner_uids.contains(&uid) => OwnerState::Ok,

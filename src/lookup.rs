@@ -52,12 +52,12 @@ impl PodState {
     }
 }
 
-impl From<Pod> for PodState {
-    fn from(pod: Pod) -> Self {
+impl From<&Pod> for PodState {
+    fn from(pod: &Pod) -> Self {
         Self {
-            name: pod.metadata.name.unwrap_or_default(),
-            uid: pod.metadata.uid.unwrap_or_default(),
-            phase: pod.status.and_then(|status| status.phase),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            phase: pod.status.as_ref().and_then(|status| status.phase.clone()),
             terminating: pod.metadata.deletion_timestamp.is_some(),
         }
     }
@@ -88,7 +88,7 @@ impl ClusterLookup for KubeLookup {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
         // `get_opt` sends no resourceVersion: a quorum read.
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        Ok(pods.get_opt(name).await?.map(PodState::from))
+        Ok(pods.get_opt(name).await?.as_ref().map(PodState::from))
     }
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
@@ -96,13 +96,7 @@ impl ClusterLookup for KubeLookup {
         // The default ListParams carry no resourceVersion: "most recent", a quorum read.
         let params = ListParams::default().labels(&format!("{label}={value}"));
         debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
-        Ok(pods
-            .list(&params)
-            .await?
-            .items
-            .into_iter()
-            .map(PodState::from)
-            .collect())
+        Ok(pods.list(&params).await?.items.iter().map(PodState::from).collect())
     }
 
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {

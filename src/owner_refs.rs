@@ -27,7 +27,10 @@ use kube::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Result, config::PolicyConfig, lookup::PodState, metrics::Metrics, mutation::PROTECTED_SECRETS_ANNOTATION};
+use crate::{
+    Result, config::PolicyConfig, lookup::PodState, metrics::Metrics, mutation::PROTECTED_SECRETS_ANNOTATION,
+    policy::pod_owners,
+};
 
 /// How many pods or secrets are reconciled at once.
 const CONCURRENCY: usize = 16;
@@ -142,7 +145,7 @@ impl Reconciler {
         let (Some(namespace), Some(name)) = (&secret.namespace, &secret.name) else {
             return;
         };
-        if secret.deletion_timestamp.is_some() || has_pod_owner(secret) {
+        if secret.deletion_timestamp.is_some() || pod_owners(secret).next().is_some() {
             return;
         }
         let Some(worker) = self.policy.worker_of_secret(secret) else {
@@ -203,7 +206,7 @@ impl Reconciler {
             }
             // Confirm the UID by quorum read; a pod that is gone, replaced or finishing
             // does not get to own the secret.
-            let confirmed = pods.get_opt(pod).await?.map(PodState::from);
+            let confirmed = pods.get_opt(pod).await?.as_ref().map(PodState::from);
             if !confirmed.is_some_and(|p| p.uid == uid && p.is_live()) {
                 return Ok(Adoption::Skipped);
             }
@@ -251,12 +254,4 @@ pub fn pod_reference(pod: &str, uid: &str) -> OwnerReference {
         controller: Some(false),
         block_owner_deletion: Some(false),
     }
-}
-
-fn has_pod_owner(secret: &ObjectMeta) -> bool {
-    secret
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|owner| owner.kind == "Pod" && owner.api_version == "v1")
 }

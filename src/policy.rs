@@ -224,7 +224,8 @@ async fn within<T>(
         .unwrap_or(Err(Error::Timeout(budget)))
 }
 
-fn pod_owners(secret: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
+/// The secret's ownerReferences to Pods.
+pub(crate) fn pod_owners(secret: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
     secret
         .owner_references
         .iter()
@@ -233,7 +234,7 @@ fn pod_owners(secret: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
 }
 
 /// Age of a secret; a missing or future creation time counts as brand new (the safe side).
-fn secret_age(secret: &ObjectMeta, now: Timestamp) -> Duration {
+pub(crate) fn secret_age(secret: &ObjectMeta, now: Timestamp) -> Duration {
     secret
         .creation_timestamp
         .as_ref()

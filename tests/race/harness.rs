@@ -153,8 +153,7 @@ fn reason_of(message: &str) -> &'static str {
 }
 
 fn is_live(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+    cds_secret_guard::lookup::PodState::from(pod).is_live()
 }
 
 fn secret_names(worker: &str, registry: bool) -> Vec<String> {
