@@ -10,7 +10,7 @@ use axum::{
 };
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use kube::core::{
-    GroupVersionKind, Resource,
+    DynamicObject, GroupVersionKind, Resource, TypeMeta,
     admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
 };
 use serde::de::DeserializeOwned;
@@ -43,34 +43,77 @@ pub enum ApiError {
         /// What went wrong.
         message: String,
     },
+    /// The body did not arrive before the request's deadline.
+    #[error("request body not received within the request deadline")]
+    Timeout,
+    /// Every request slot stayed taken until the request's deadline.
+    #[error("too many requests in flight; try again")]
+    Busy,
     /// A bug on our side; details are logged, not sent.
     #[error("internal error")]
     Internal,
 }
 
+/// When the request must be answered by: set on arrival, before the body is read.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestDeadline(pub tokio::time::Instant);
+
 /// An AdmissionReview's request, extracted from the body with [`ApiError`] as rejection.
 #[derive(Debug)]
 pub struct Review<T: Resource>(pub AdmissionRequest<T>);
 
-/// Decodes an AdmissionReview body.
+/// Decodes an AdmissionReview body. A review whose objects do not decode as `T` (another
+/// kind sent to this endpoint, or a malformed object) is still a review: it is returned
+/// without its objects, so that it can be answered.
 pub fn decode<T: Resource + DeserializeOwned>(body: &[u8]) -> Result<AdmissionRequest<T>, ApiError> {
-    let review: AdmissionReview<T> = serde_json::from_slice(body).map_err(|error| {
-        if error.is_syntax() || error.is_eof() {
-            ApiError::NotJson(error)
-        } else {
-            ApiError::NotAReview(error)
+    let review = match serde_json::from_slice::<AdmissionReview<T>>(body) {
+        Ok(review) => review,
+        Err(error) if error.is_syntax() || error.is_eof() => return Err(ApiError::NotJson(error)),
+        Err(typed) => {
+            // The slow path, taken only for objects of another shape.
+            let review: AdmissionReview<DynamicObject> =
+                serde_json::from_slice(body).map_err(|_| ApiError::NotAReview(typed))?;
+            check_version(&review.types)?;
+            let request: AdmissionRequest<DynamicObject> = review.try_into().map_err(|_| ApiError::NoRequest)?;
+            return Ok(without_objects(request));
         }
-    })?;
-    if review.types.kind != "AdmissionReview" {
-        return Err(ApiError::WrongVersion(format!(
-            "{}/{}",
-            review.types.api_version, review.types.kind
-        )));
-    }
-    if review.types.api_version != API_VERSION {
-        return Err(ApiError::WrongVersion(review.types.api_version));
-    }
+    };
+    check_version(&review.types)?;
     review.try_into().map_err(|_| ApiError::NoRequest)
+}
+
+fn check_version(types: &TypeMeta) -> Result<(), ApiError> {
+    if types.kind != "AdmissionReview" {
+        return Err(ApiError::WrongVersion(format!("{}/{}", types.api_version, types.kind)));
+    }
+    if types.api_version != API_VERSION {
+        return Err(ApiError::WrongVersion(types.api_version.clone()));
+    }
+    Ok(())
+}
+
+/// The request with its objects left out: the same review, for an endpoint that cannot
+/// read them.
+fn without_objects<T: Resource>(request: AdmissionRequest<DynamicObject>) -> AdmissionRequest<T> {
+    tracing::debug!(kind = %request.kind.kind, "the review's object is not of the endpoint's kind");
+    AdmissionRequest {
+        types: request.types,
+        uid: request.uid,
+        kind: request.kind,
+        resource: request.resource,
+        sub_resource: request.sub_resource,
+        request_kind: request.request_kind,
+        request_resource: request.request_resource,
+        request_sub_resource: request.request_sub_resource,
+        name: request.name,
+        namespace: request.namespace,
+        operation: request.operation,
+        user_info: request.user_info,
+        object: None,
+        old_object: None,
+        dry_run: request.dry_run,
+        options: request.options,
+    }
 }
 
 /// Whether a request is for `kind` (core group, v1) with `operation`, on the object
@@ -120,6 +163,8 @@ impl ApiError {
         match self {
             Self::NotJson(_) | Self::NotAReview(_) | Self::WrongVersion(_) | Self::NoRequest => StatusCode::BAD_REQUEST,
             Self::Body { status, .. } => *status,
+            Self::Timeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -145,12 +190,18 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let body = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| ApiError::Body {
-                status: rejection.status(),
-                message: rejection.body_text(),
-            })?;
+        let deadline = request.extensions().get::<RequestDeadline>().copied();
+        let read = Bytes::from_request(request, state);
+        let body = match deadline {
+            Some(RequestDeadline(deadline)) => tokio::time::timeout_at(deadline, read)
+                .await
+                .map_err(|_| ApiError::Timeout)?,
+            None => read.await,
+        }
+        .map_err(|rejection| ApiError::Body {
+            status: rejection.status(),
+            message: rejection.body_text(),
+        })?;
         decode(&body).map(Review)
     }
 }

@@ -5,19 +5,15 @@
 
 use std::{fmt::Write as _, time::Duration};
 
-use k8s_openapi::{
-    api::core::v1::{Pod, Secret},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
 use kube::{Api, Client, api::ListParams};
 use serde::Serialize;
 
 use crate::{
     Result,
     config::PolicyConfig,
-    lookup::PodState,
-    policy::{pod_owners, secret_age},
+    lookup::{KubeLookup, PodState},
+    policy::{WorkerPods, pod_owners, secret_age},
 };
 
 /// What `check` concludes about one secret.
@@ -88,6 +84,8 @@ pub struct Report {
 }
 
 /// Checks the protected secrets of one namespace, or of all when `namespace` is `None`.
+/// The worker's pods are found by the same quorum reads and judged live by the same
+/// rule as the policy's rule 5.
 pub async fn run(client: Client, policy: &PolicyConfig, namespace: Option<&str>) -> Result<Vec<Report>> {
     let secrets: Api<Secret> = match namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
@@ -95,6 +93,7 @@ pub async fn run(client: Client, policy: &PolicyConfig, namespace: Option<&str>)
     };
     // Quorum reads (no resourceVersion), metadata only: no secret data is fetched.
     let listed = secrets.list_metadata(&ListParams::default()).await?;
+    let lookup = KubeLookup::new(client);
     let now = Timestamp::now();
     let mut reports = Vec::new();
     for secret in listed.items.into_iter().map(|partial| partial.metadata) {
@@ -102,41 +101,32 @@ pub async fn run(client: Client, policy: &PolicyConfig, namespace: Option<&str>)
             continue;
         };
         let namespace = secret.namespace.clone().unwrap_or_default();
-        let pod = worker_pod(&client, policy, &namespace, &worker).await?;
-        reports.push(classify(policy, &secret, &worker, pod.as_ref(), now));
+        let pods = WorkerPods::read(&lookup, policy, &namespace, &worker).await?;
+        reports.push(classify(policy, &secret, &worker, &pods, now));
     }
     reports.sort_by(|a, b| (&a.namespace, &a.secret).cmp(&(&b.namespace, &b.secret)));
     Ok(reports)
 }
 
-/// The worker's pod: the one named after it, else one labelled with it.
-async fn worker_pod(client: &Client, policy: &PolicyConfig, namespace: &str, worker: &str) -> Result<Option<Pod>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    if let Some(pod) = pods.get_opt(worker).await? {
-        return Ok(Some(pod));
-    }
-    let labelled = pods
-        .list(&ListParams::default().labels(&format!("{}={worker}", policy.worker_label)))
-        .await?;
-    Ok(labelled.items.into_iter().next())
-}
-
-/// The report for one secret and its worker's pod.
-pub fn classify(policy: &PolicyConfig, secret: &ObjectMeta, worker: &str, pod: Option<&Pod>, now: Timestamp) -> Report {
+/// The report for one secret and its worker's pods: the live one if any (as rule 5 sees
+/// it), else the one named after the worker.
+pub fn classify(policy: &PolicyConfig, secret: &ObjectMeta, worker: &str, pods: &WorkerPods, now: Timestamp) -> Report {
     let age = secret_age(secret, now);
-    let live = pod.filter(|pod| PodState::from(*pod).is_live());
-    let pod_uid = live.and_then(|pod| pod.metadata.uid.as_deref());
+    let live = pods.live();
+    let shown = live.or(pods.namesake.as_ref());
     let owner_uids: Vec<&str> = pod_owners(secret).map(|owner| owner.uid.as_str()).collect();
-    let owner = match (owner_uids.is_empty(), pod_uid) {
+    let owner = match (owner_uids.is_empty(), live) {
         (true, _) => OwnerState::None,
-        (false, Some(uid)) if owner_uids.contains(&uid) => OwnerState::Ok,
+        (false, Some(pod)) if owner_uids.contains(&pod.uid.as_str()) => OwnerState::Ok,
         _ => OwnerState::Stale,
     };
 
     let mut mismatches = Vec::new();
     if let Some(pod) = live {
-        let label = |meta: &ObjectMeta, key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
-        let pod_worker = label(&pod.metadata, &policy.worker_label);
+        let label = |labels: Option<&std::collections::BTreeMap<String, String>>, key: &str| {
+            labels.and_then(|l| l.get(key)).cloned()
+        };
+        let pod_worker = label(Some(&pod.labels), &policy.worker_label);
         if pod_worker.as_deref() != Some(worker) {
             mismatches.push(format!(
                 "{}: {worker}≠{}",
@@ -145,8 +135,8 @@ pub fn classify(policy: &PolicyConfig, secret: &ObjectMeta, worker: &str, pod: O
             ));
         }
         let (secret_hatchery, pod_hatchery) = (
-            label(secret, &policy.hatchery_label),
-            label(&pod.metadata, &policy.hatchery_label),
+            label(secret.labels.as_ref(), &policy.hatchery_label),
+            label(Some(&pod.labels), &policy.hatchery_label),
         );
         if secret_hatchery.is_some() && secret_hatchery != pod_hatchery {
             let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
@@ -164,20 +154,16 @@ pub fn classify(policy: &PolicyConfig, secret: &ObjectMeta, worker: &str, pod: O
         Some(_) if !mismatches.is_empty() || owner == OwnerState::Stale => Verdict::Mismatched,
         Some(_) => Verdict::Protected,
     };
-    let phase = pod.map(|pod| match pod.metadata.deletion_timestamp {
-        Some(_) => "Terminating".to_owned(),
-        None => pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.clone())
-            .unwrap_or_else(|| "Pending".to_owned()),
+    let phase = shown.map(|pod: &PodState| match (pod.terminating, &pod.phase) {
+        (true, _) => "Terminating".to_owned(),
+        (false, phase) => phase.clone().unwrap_or_else(|| "Pending".to_owned()),
     });
     Report {
         namespace: secret.namespace.clone().unwrap_or_default(),
         secret: secret.name.clone().unwrap_or_default(),
         worker: worker.to_owned(),
         age_seconds: age.as_secs(),
-        pod: pod.and_then(|pod| pod.metadata.name.clone()),
+        pod: shown.map(|pod| pod.name.clone()),
         phase,
         owner,
         mismatches,
@@ -243,7 +229,10 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 
     use super::*;
-    use crate::fixtures::{policy, worker_pod};
+    use crate::{
+        fixtures::{policy, worker_pod},
+        lookup::PodState,
+    };
 
     fn secret(labels: &[(&str, &str)], owner_uid: Option<&str>) -> ObjectMeta {
         ObjectMeta {
@@ -264,20 +253,26 @@ mod tests {
         }
     }
 
-    fn pod(labels: &[(&str, &str)]) -> Pod {
+    fn pod(labels: &[(&str, &str)]) -> PodState {
         let mut pod = labels
             .iter()
             .fold(worker_pod("w1"), |pod, (k, v)| pod.label(k, v))
             .build();
         pod.metadata.uid = Some("uid-1".to_owned());
-        pod
+        PodState::from(&pod)
+    }
+
+    fn check(secret: ObjectMeta, namesake: Option<PodState>) -> Report {
+        let pods = WorkerPods {
+            namesake,
+            labelled: Vec::new(),
+        };
+        classify(&policy(), &secret, "w1", &pods, Timestamp::now())
     }
 
     #[test]
     fn verdicts() {
         let labels = [("CDS_WORKER_NAME", "w1"), ("CDS_HATCHERY_NAME", "h1")];
-        let check =
-            |secret: ObjectMeta, pod: Option<Pod>| classify(&policy(), &secret, "w1", pod.as_ref(), Timestamp::now());
 
         let protected = check(secret(&labels, Some("uid-1")), Some(pod(&labels)));
         assert_eq!(
@@ -308,11 +303,50 @@ mod tests {
             (Verdict::Mismatched, OwnerState::Stale)
         );
 
+        let finished = check(
+            secret(&labels, None),
+            Some(PodState {
+                phase: Some("Succeeded".into()),
+                ..pod(&labels)
+            }),
+        );
+        assert_eq!(
+            (finished.verdict, finished.phase.as_deref()),
+            (Verdict::Orphan, Some("Succeeded"))
+        );
+
         let table = table(&[protected, orphan]);
         assert!(table.starts_with("NAMESPACE"), "{table}");
         assert!(
             table.lines().nth(2).is_some_and(|line| line.ends_with("orphan")),
             "{table}"
+        );
+    }
+
+    /// The same choice as rule 5: a live labelled pod counts, a finished namesake does not.
+    #[test]
+    fn a_live_labelled_pod_beats_a_finished_namesake() {
+        let labels = [("CDS_WORKER_NAME", "w1")];
+        let mut other = pod(&labels);
+        other.name = "w1-retry".into();
+        other.uid = "uid-2".into();
+        let pods = WorkerPods {
+            namesake: Some(PodState {
+                phase: Some("Failed".into()),
+                ..pod(&labels)
+            }),
+            labelled: vec![
+                PodState {
+                    phase: Some("Succeeded".into()),
+                    ..other.clone()
+                },
+                other,
+            ],
+        };
+        let report = classify(&policy(), &secret(&labels, None), "w1", &pods, Timestamp::now());
+        assert_eq!(
+            (report.verdict, report.pod.as_deref()),
+            (Verdict::Protected, Some("w1-retry"))
         );
     }
 }

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, Mode, PolicyConfig};
+use crate::config::{Config, Limits, Mode, PolicyConfig};
 
 /// Keeps CDS worker secrets alive while their pods need them.
 #[derive(Debug, Parser)]
@@ -60,26 +60,22 @@ pub struct ServeArgs {
     #[arg(long, env = "CDS_GUARD_LOOKUP_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub lookup_timeout: Duration,
 
-    /// Deadline of a whole admission request; keep it below the webhooks' timeoutSeconds.
+    /// Deadline of a whole admission request, body included; keep it below the secret
+    /// webhook's timeoutSeconds.
     #[arg(long, env = "CDS_GUARD_REQUEST_TIMEOUT", default_value = "4s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
+
+    /// Deadline of a pod CREATE review; keep it below the pod webhook's timeoutSeconds.
+    #[arg(long, env = "CDS_GUARD_MUTATION_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub mutation_timeout: Duration,
 
     /// Which secrets are protected and how they pair with pods.
     #[command(flatten)]
     pub secrets: SecretArgs,
 
-    /// User allowed to delete protected secrets without checks (repeatable).
-    #[arg(
-        long = "exempt-user",
-        env = "CDS_GUARD_EXEMPT_USERS",
-        value_delimiter = ',',
-        default_values_t = [String::from("system:serviceaccount:kube-system:namespace-controller")]
-    )]
-    pub exempt_users: Vec<String>,
-
-    /// Group allowed to delete protected secrets without checks (repeatable).
-    #[arg(long = "exempt-group", env = "CDS_GUARD_EXEMPT_GROUPS", value_delimiter = ',')]
-    pub exempt_groups: Vec<String>,
+    /// Who is exempt and which namespaces are protected.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
 
     /// `enforce` denies; `warn` allows but returns the reasons as warnings.
     #[arg(long, env = "CDS_GUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
@@ -89,9 +85,27 @@ pub struct ServeArgs {
     #[arg(long, env = "CDS_GUARD_TLS_RELOAD_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
 
-    /// How long in-flight requests may take to finish after SIGTERM.
+    /// How long in-flight requests may take to finish once the drain delay is over.
     #[arg(long, env = "CDS_GUARD_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+
+    /// After SIGTERM: how long /readyz says 503 while requests are still served.
+    #[arg(long, env = "CDS_GUARD_DRAIN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub drain_delay: Duration,
+
+    /// Open admission connections at most; more wait to be accepted.
+    #[arg(long, env = "CDS_GUARD_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
+    pub max_connections: usize,
+
+    /// Admission requests read or answered at once, over all connections; with the body
+    /// limit, this bounds the memory bodies can take.
+    #[arg(long, env = "CDS_GUARD_MAX_REQUESTS", default_value_t = Limits::default().max_requests)]
+    pub max_requests: usize,
+
+    /// Time to finish the TLS handshake and each request's headers; an admission
+    /// connection idle this long is closed.
+    #[arg(long, env = "CDS_GUARD_IDLE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
 
     /// Log format.
     #[arg(long, env = "CDS_GUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
@@ -117,6 +131,28 @@ pub struct SecretArgs {
     /// Label naming the hatchery on secrets and pods.
     #[arg(long, env = "CDS_GUARD_HATCHERY_LABEL", default_value = "CDS_HATCHERY_NAME")]
     pub hatchery_label: String,
+}
+
+/// Who may delete protected secrets without checks, and where secrets are protected
+/// (shared by `serve` and `webhooks`: the webhooks' match conditions repeat them).
+#[derive(Debug, Args)]
+pub struct ScopeArgs {
+    /// User allowed to delete protected secrets without checks (repeatable).
+    #[arg(
+        long = "exempt-user",
+        env = "CDS_GUARD_EXEMPT_USERS",
+        value_delimiter = ',',
+        default_values_t = [String::from("system:serviceaccount:kube-system:namespace-controller")]
+    )]
+    pub exempt_users: Vec<String>,
+
+    /// Group allowed to delete protected secrets without checks (repeatable).
+    #[arg(long = "exempt-group", env = "CDS_GUARD_EXEMPT_GROUPS", value_delimiter = ',')]
+    pub exempt_groups: Vec<String>,
+
+    /// Namespace to watch and protect (repeatable; default: all).
+    #[arg(long = "namespace", env = "CDS_GUARD_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
 }
 
 /// Flags of `check`.
@@ -196,7 +232,11 @@ pub struct WebhooksArgs {
     #[command(flatten)]
     pub secrets: SecretArgs,
 
-    /// Seconds the apiserver waits for the guard (at most 5 for the secret webhook).
+    /// Who is exempt and which namespaces are protected, as given to `serve`.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+
+    /// Seconds the apiserver waits for the guard on a secret delete (at most 5).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=5))]
     pub timeout_seconds: i32,
 }
@@ -214,6 +254,7 @@ impl SecretArgs {
             hatchery_label: self.hatchery_label.clone(),
             exempt_users: Vec::new(),
             exempt_groups: Vec::new(),
+            namespaces: Vec::new(),
             mode: Mode::Enforce,
         }
     }
@@ -231,15 +272,24 @@ impl ServeArgs {
             tls_key: self.tls_key,
             tls_reload_interval: self.tls_reload_interval,
             request_timeout: self.request_timeout,
+            mutation_timeout: self.mutation_timeout,
             shutdown_timeout: self.shutdown_timeout,
+            limits: Limits {
+                max_connections: self.max_connections,
+                max_requests: self.max_requests,
+                idle_timeout: self.idle_timeout,
+                drain_delay: self.drain_delay,
+                ..Limits::default()
+            },
             policy: PolicyConfig {
                 grace_period: self.grace_period,
                 lookup_timeout: self.lookup_timeout,
                 secret_prefixes: self.secrets.secret_prefixes,
                 worker_label: self.secrets.worker_label,
                 hatchery_label: self.secrets.hatchery_label,
-                exempt_users: self.exempt_users,
-                exempt_groups: self.exempt_groups,
+                exempt_users: self.scope.exempt_users,
+                exempt_groups: self.scope.exempt_groups,
+                namespaces: self.scope.namespaces,
                 mode: self.mode,
             },
         }

@@ -2,8 +2,6 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
 /// Everything `serve` needs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -17,12 +15,36 @@ pub struct Config {
     pub tls_key: PathBuf,
     /// How often the certificate files are checked for changes.
     pub tls_reload_interval: Duration,
-    /// Deadline of one admission request.
+    /// Deadline of one admission request, from its first byte to its answer.
     pub request_timeout: Duration,
-    /// Grace given to in-flight requests on SIGTERM.
+    /// Deadline of a pod CREATE review (the pod webhook waits 2 s at most).
+    pub mutation_timeout: Duration,
+    /// Grace given to in-flight requests on SIGTERM, once the drain delay is over.
     pub shutdown_timeout: Duration,
+    /// How the admission server bounds what clients may hold.
+    pub limits: Limits,
     /// The admission policy.
     pub policy: PolicyConfig,
+}
+
+/// What any client of the admission port may hold at once. Memory under abuse is bounded
+/// by `max_requests × body_limit` for bodies plus a few buffers per connection.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Open connections; past it, new ones wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Requests being read or answered at once, over all connections and streams.
+    pub max_requests: usize,
+    /// HTTP/2 streams open at once on one connection.
+    pub max_streams: u32,
+    /// Largest request body.
+    pub body_limit: usize,
+    /// Time a client has to finish its TLS handshake, and then to send a request's
+    /// headers; a keep-alive connection that sends nothing for this long is closed.
+    pub idle_timeout: Duration,
+    /// After SIGTERM: how long `/readyz` says 503 while requests are still served, so
+    /// that endpoints stop sending traffic before the listener closes.
+    pub drain_delay: Duration,
 }
 
 /// What the admission rules depend on.
@@ -42,6 +64,8 @@ pub struct PolicyConfig {
     pub exempt_users: Vec<String>,
     /// Groups whose deletes are not checked.
     pub exempt_groups: Vec<String>,
+    /// The namespaces the guard watches and protects; empty means all.
+    pub namespaces: Vec<String>,
     /// Enforce or only warn.
     pub mode: Mode,
 }
@@ -55,31 +79,27 @@ pub enum Mode {
     Warn,
 }
 
+// === impl Limits ===
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_requests: 32,
+            max_streams: 32,
+            // The largest object etcd stores is 1.5 MiB; its review is a little larger.
+            body_limit: 2 * 1024 * 1024,
+            idle_timeout: Duration::from_secs(10),
+            drain_delay: Duration::from_secs(5),
+        }
+    }
+}
+
 // === impl PolicyConfig ===
 
 impl PolicyConfig {
-    /// The worker a secret belongs to, if it is protected: the worker label's value,
-    /// else the name after a protected prefix.
-    pub fn worker_of_secret(&self, meta: &ObjectMeta) -> Option<String> {
-        let labelled = meta.labels.as_ref().and_then(|labels| labels.get(&self.worker_label));
-        match labelled {
-            Some(worker) if !worker.is_empty() => Some(worker.clone()),
-            _ => self.worker_of_secret_name(meta.name.as_deref()?),
-        }
-    }
-
-    /// The worker named by a protected secret name (`cds-worker-config-<worker>`).
-    pub fn worker_of_secret_name(&self, name: &str) -> Option<String> {
-        self.secret_prefixes
-            .iter()
-            .filter_map(|prefix| name.strip_prefix(prefix.as_str()))
-            .find(|worker| !worker.is_empty())
-            .map(str::to_owned)
-    }
-
-    /// Whether the requester may delete protected secrets without checks.
-    pub fn is_exempt(&self, username: Option<&str>, groups: &[String]) -> bool {
-        username.is_some_and(|user| self.exempt_users.iter().any(|u| u == user))
-            || groups.iter().any(|g| self.exempt_groups.contains(g))
+    /// Whether the guard protects secrets in `namespace`.
+    pub fn watches(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 }

@@ -51,6 +51,20 @@ impl PodBuilder {
         self
     }
 
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.0.status.get_or_insert_with(Default::default).phase = Some(phase.to_owned());
+        self
+    }
+
     pub fn without_labels(mut self) -> Self {
         self.0.metadata.labels = None;
         self

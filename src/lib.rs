@@ -5,7 +5,8 @@
 //! One module per concern:
 //!
 //! - [`cli`]: flags and environment variables, turned into a [`config::Config`];
-//! - [`server`]: the TLS admission server and the plain-HTTP probe server;
+//! - [`server`]: the server's life: TLS accept loop, connection bounds, drain;
+//! - [`api`]: the admission and probe routes, their handlers and the services they call;
 //! - [`admission`]: decoding AdmissionReviews and encoding responses;
 //! - [`policy`]: the secret-DELETE rules (pure, apart from the lookups they ask for);
 //! - [`mutation`]: the pod-CREATE patch (pure);
@@ -16,6 +17,7 @@
 //! - [`check`]: the report on protected secrets in a running system.
 
 pub mod admission;
+pub mod api;
 pub mod audit;
 pub mod certs;
 pub mod check;

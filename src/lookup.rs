@@ -1,26 +1,29 @@
-//! Quorum reads of pods and secrets.
+//! Quorum reads of pods, secrets and namespaces.
 //!
 //! Every read here is sent to the apiserver without a `resourceVersion`, so it is served
 //! from etcd (or from a watch cache proven current): never from an informer cache and
 //! never with `resourceVersion=0`. Deciding "pod absent" from a stale read is exactly the
 //! bug this guard exists to stop.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use k8s_openapi::{
-    api::core::v1::{Pod, Secret},
+    api::core::v1::{Namespace, Pod, Secret},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{Api, Client, api::ListParams};
+use tokio::time::Instant;
 
 use crate::{Error, Result, metrics::Metrics};
 
 /// What the policy needs to know about a pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodState {
     /// Pod name.
     pub name: String,
+    /// Pod labels (`check` compares them with the secret's).
+    pub labels: std::collections::BTreeMap<String, String>,
     /// Pod UID.
     pub uid: String,
     /// `status.phase`, when known.
@@ -30,7 +33,7 @@ pub struct PodState {
 }
 
 /// The apiserver reads behind the admission decisions, behind a narrow trait so the
-/// rules can be tested with an in-memory fake.
+/// rules can be tested with an in-memory fake and model-checked against a model store.
 #[async_trait]
 pub trait ClusterLookup: Send + Sync {
     /// The pod with this name, by quorum read.
@@ -41,6 +44,9 @@ pub trait ClusterLookup: Send + Sync {
 
     /// The metadata (never the data) of a secret, by quorum read.
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>>;
+
+    /// Whether the namespace is being deleted, by quorum read. Only `true` is acted on.
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool>;
 }
 
 // === impl PodState ===
@@ -56,6 +62,7 @@ impl From<&Pod> for PodState {
     fn from(pod: &Pod) -> Self {
         Self {
             name: pod.metadata.name.clone().unwrap_or_default(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             phase: pod.status.as_ref().and_then(|status| status.phase.clone()),
             terminating: pod.metadata.deletion_timestamp.is_some(),
@@ -103,6 +110,12 @@ impl ClusterLookup for KubeLookup {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         Ok(secrets.get_metadata_opt(name).await?.map(|partial| partial.metadata))
     }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let found = namespaces.get_metadata_opt(namespace).await?;
+        Ok(found.is_some_and(|ns| ns.metadata.deletion_timestamp.is_some()))
+    }
 }
 
 #[async_trait]
@@ -116,6 +129,10 @@ impl ClusterLookup for Unavailable {
     }
 
     async fn secret_metadata(&self, _: &str, _: &str) -> Result<Option<ObjectMeta>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+
+    async fn namespace_terminating(&self, _: &str) -> Result<bool> {
         Err(Error::KubeConfig(self.0.clone()))
     }
 }
@@ -154,5 +171,65 @@ impl ClusterLookup for Metered {
 
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
         self.measure(self.inner.secret_metadata(namespace, name)).await
+    }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
+        self.measure(self.inner.namespace_terminating(namespace)).await
+    }
+}
+
+/// The reads of one decision, sharing one deadline: a read still running at the
+/// deadline fails with [`Error::Timeout`], and the policy fails closed.
+pub struct Deadline<'a> {
+    inner: &'a dyn ClusterLookup,
+    deadline: Instant,
+    budget: Duration,
+}
+
+// === impl Deadline ===
+
+impl<'a> Deadline<'a> {
+    /// Reads through `inner` for at most `budget` from now.
+    pub fn new(inner: &'a dyn ClusterLookup, budget: Duration) -> Self {
+        Self {
+            inner,
+            deadline: Instant::now() + budget,
+            budget,
+        }
+    }
+
+    /// Reads through `inner` until `deadline`.
+    pub fn until(inner: &'a dyn ClusterLookup, deadline: Instant) -> Self {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        Self {
+            inner,
+            deadline,
+            budget,
+        }
+    }
+
+    async fn within<T>(&self, read: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout_at(self.deadline, read)
+            .await
+            .unwrap_or(Err(Error::Timeout(self.budget)))
+    }
+}
+
+#[async_trait]
+impl ClusterLookup for Deadline<'_> {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
+        self.within(self.inner.pod(namespace, name)).await
+    }
+
+    async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
+        self.within(self.inner.pods_labelled(namespace, label, value)).await
+    }
+
+    async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
+        self.within(self.inner.secret_metadata(namespace, name)).await
+    }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
+        self.within(self.inner.namespace_terminating(namespace)).await
     }
 }

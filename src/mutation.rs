@@ -10,7 +10,7 @@ use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, PodSpec, Volume};
 use serde_json::Value;
 
-use crate::config::PolicyConfig;
+use crate::{config::PolicyConfig, policy::is_label_value};
 
 /// Annotation listing the protected secrets a pod uses.
 pub const PROTECTED_SECRETS_ANNOTATION: &str = "cds-secret-guard/protected-secrets";
@@ -148,17 +148,6 @@ fn volume_secrets(volume: &Volume) -> Vec<String> {
     plain.into_iter().chain(projected).collect()
 }
 
-/// Whether a string is a valid label value (at most 63 characters, alphanumerics with
-/// `-`, `_` and `.` inside): an invalid one in the patch would make the pod's creation fail.
-fn is_label_value(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    let inner = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-    bytes.len() <= 63
-        && bytes.first().is_none_or(u8::is_ascii_alphanumeric)
-        && bytes.last().is_none_or(u8::is_ascii_alphanumeric)
-        && bytes.iter().all(inner)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,15 +269,5 @@ mod tests {
             .env_secret(&format!("cds-worker-config-{long}"))
             .build();
         assert!(!labels(&apply(&pod, &mutate(&policy(), &pod, None).patch)).contains_key("CDS_WORKER_NAME"));
-    }
-
-    #[rstest]
-    #[case("w1", true)]
-    #[case("a.b-c_d", true)]
-    #[case("", true)]
-    #[case("-a", false)]
-    #[case("a/b", false)]
-    fn label_values(#[case] value: &str, #[case] valid: bool) {
-        assert_eq!(is_label_value(value), valid);
     }
 }

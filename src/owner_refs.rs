@@ -1,59 +1,105 @@
-//! Secrets follow their pods: each protected secret a worker pod uses gets an
+//! Secrets follow their pods: each protected secret a worker pod really uses gets an
 //! ownerReference to that pod, so the garbage collector deletes the secret when the pod
-//! goes (and rule 3 of the policy lets that delete through at once).
+//! goes.
+//!
+//! Adoption is a privilege (the garbage collector acts on it), so it rests on facts only.
+//! Secret S is adopted by pod P when a quorum read of P shows that P is named after S's
+//! worker, P's spec references S, S is protected, and P is live with the UID written
+//! ([`may_adopt`]). Labels and annotations only say which objects to look at.
 //!
 //! A pod has no UID during mutating admission, so the reference is written afterwards, by
-//! this reconciler. It watches worker pods and protected secrets (metadata only: no pod
-//! spec, no secret data) and, for each pair, adds the reference once a quorum read
-//! confirms the pod with that UID exists and is live. It never writes a UID it could not
-//! confirm. Writes carry the secret's resourceVersion (optimistic concurrency) and are
-//! retried on conflict after a fresh read; a reference already there is left alone. So
-//! several replicas can run it at once without a leader: they converge on one reference.
+//! a `kube::runtime::Controller` keyed on worker pods: it watches pods that carry the
+//! worker label and secrets that carry it (metadata only, label-selected by the
+//! apiserver: no other secret reaches the guard), and maps a secret to the pod named after
+//! its worker. Events for one pod are coalesced; a pod is reconciled once per UID (status
+//! updates do not trigger it), and a failed reconcile is retried with backoff until it
+//! succeeds or becomes moot (pod gone, secret gone). Writes carry the secret's
+//! resourceVersion, so several replicas converge on one reference without a leader.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{StreamExt, future::join_all};
 use k8s_openapi::{
     api::core::v1::{Pod, Secret},
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
     jiff::Timestamp,
 };
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
     api::{Patch, PatchParams},
     core::PartialObjectMeta,
-    runtime::{WatchStreamExt, watcher},
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::Action,
+        reflector::{self, ObjectRef, Store},
+        watcher::{self, watcher},
+    },
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    Result, config::PolicyConfig, lookup::PodState, metrics::Metrics, mutation::PROTECTED_SECRETS_ANNOTATION,
-    policy::pod_owners,
-};
+use crate::{Error, Result, config::PolicyConfig, lookup::PodState, metrics::Metrics, mutation::referenced_secrets};
 
-/// How many pods or secrets are reconciled at once.
-const CONCURRENCY: usize = 16;
+/// How many pods are reconciled at once.
+const CONCURRENCY: u16 = 16;
 
 /// Attempts at a write that keeps conflicting with other writers.
 const ATTEMPTS: usize = 5;
 
-/// What the reconciler shares between its two watches.
+/// Retry delays: after a failure, and while a referenced secret does not exist yet.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LAST_RETRY: Duration = Duration::from_secs(300);
+
+/// The reconciler: adds ownerReferences from worker secrets to their pods.
 pub struct Reconciler {
     client: Client,
     policy: PolicyConfig,
     metrics: Arc<Metrics>,
 }
 
-/// What one adoption attempt did.
+/// What an adoption attempt did to one secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Adoption {
     /// The reference was added.
     Added,
     /// The reference was already there.
     Present,
-    /// Nothing to do: the secret does not exist, or the pod is not confirmed live.
-    Skipped,
+    /// The facts do not allow it (or no longer do).
+    Refused,
+    /// The secret does not exist (yet, or any more).
+    Missing,
+}
+
+/// Whether `pod` may own `secret`. Both must come from quorum reads (or, for the secret,
+/// be written with its resourceVersion as a precondition): this is the whole of what the
+/// guard trusts before it lets the garbage collector act.
+pub fn may_adopt(policy: &PolicyConfig, secret: &ObjectMeta, pod: &Pod) -> bool {
+    let (Some(secret_name), Some(pod_name)) = (secret.name.as_deref(), pod.metadata.name.as_deref()) else {
+        return false;
+    };
+    policy.worker_of_secret(secret).as_deref() == Some(pod_name)
+        && secret.namespace == pod.metadata.namespace
+        && pod.metadata.uid.as_deref().is_some_and(|uid| !uid.is_empty())
+        && PodState::from(pod).is_live()
+        && pod
+            .spec
+            .as_ref()
+            .is_some_and(|spec| referenced_secrets(spec).contains(secret_name))
+}
+
+/// What the reconciles of one scope share.
+struct Context {
+    reconciler: Arc<Reconciler>,
+    /// Worker-labelled pods, metadata only: what the controller reconciles.
+    pods: Store<PartialObjectMeta<Pod>>,
+    /// Worker-labelled secrets, metadata only: a hint of what exists and what is done.
+    secrets: Store<PartialObjectMeta<Secret>>,
+    retries: Mutex<HashMap<ObjectRef<PartialObjectMeta<Pod>>, u32>>,
 }
 
 // === impl Reconciler ===
@@ -68,155 +114,111 @@ impl Reconciler {
         })
     }
 
-    /// Watches worker pods and protected secrets until `shutdown`. The watches' initial
-    /// lists backfill what existed before the guard started.
+    /// Reconciles until `shutdown`: one controller per watched namespace, or one for all.
+    /// The watches' initial lists backfill what existed before the guard started.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let pods = self.clone().watch_pods();
-        let secrets = self.clone().watch_secrets();
-        tokio::select! {
-            () = pods => tracing::error!("pod watch ended"),
-            () = secrets => tracing::error!("secret watch ended"),
-            () = shutdown.cancelled() => {}
+        let scopes: Vec<Option<String>> = if self.policy.namespaces.is_empty() {
+            vec![None]
+        } else {
+            self.policy.namespaces.iter().cloned().map(Some).collect()
+        };
+        let controllers = scopes
+            .into_iter()
+            .map(|scope| self.clone().run_scope(scope, shutdown.clone()));
+        join_all(controllers).await;
+    }
+
+    /// An API handle in the scope: one namespace, or all. Metadata-only types
+    /// (`PartialObjectMeta`) make metadata-only requests.
+    fn api<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+    ) -> Api<K> {
+        match namespace {
+            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+            None => Api::all(self.client.clone()),
         }
     }
 
-    async fn watch_pods(self: Arc<Self>) {
-        // Metadata only: the mutation's annotation says which secrets a pod uses.
-        let pods: Api<PartialObjectMeta<Pod>> = Api::all(self.client.clone());
-        let config = watcher::Config::default().labels(&self.policy.worker_label);
-        watcher(pods, config)
+    async fn run_scope(self: Arc<Self>, namespace: Option<String>, shutdown: CancellationToken) {
+        let labelled = watcher::Config::default().labels(&self.policy.worker_label);
+
+        let (pods, pod_writer) = reflector::store();
+        let pod_events = watcher(
+            self.api::<PartialObjectMeta<Pod>>(namespace.as_deref()),
+            labelled.clone(),
+        )
+        .default_backoff()
+        .modify(|pod| {
+            pod.metadata.managed_fields = None;
+            pod.metadata.annotations = None;
+        })
+        .reflect(pod_writer)
+        .applied_objects()
+        // Once per pod UID: status updates change nothing adoption depends on.
+        .predicate_filter(uid, Default::default());
+
+        let (secrets, secret_writer) = reflector::store();
+        let secret_events = watcher(self.api::<PartialObjectMeta<Secret>>(namespace.as_deref()), labelled)
             .default_backoff()
-            .applied_objects()
-            .for_each_concurrent(CONCURRENCY, |pod| {
-                let this = self.clone();
-                async move {
-                    match pod {
-                        Ok(pod) => this.reconcile_pod(&pod.metadata).await,
-                        Err(error) => tracing::warn!(%error, "pod watch error, retrying"),
-                    }
+            // Annotations may hold a copy of the data (kubectl's last-applied-configuration).
+            .modify(|secret| {
+                secret.metadata.managed_fields = None;
+                secret.metadata.annotations = None;
+            })
+            .reflect(secret_writer)
+            .applied_objects();
+
+        let policy = self.policy.clone();
+        let context = Arc::new(Context {
+            reconciler: self,
+            pods: pods.clone(),
+            secrets,
+            retries: Mutex::default(),
+        });
+        Controller::for_stream(pod_events, pods)
+            .watches_stream(secret_events, move |secret| pod_of(&policy, &secret.metadata))
+            .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
+            .graceful_shutdown_on(shutdown.cancelled_owned())
+            .run(reconcile, error_policy, context)
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "reconcile not run");
                 }
             })
             .await;
     }
 
-    async fn watch_secrets(self: Arc<Self>) {
-        // Metadata only: secret data never reaches the guard.
-        let secrets: Api<PartialObjectMeta<Secret>> = Api::all(self.client.clone());
-        watcher(secrets, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .try_filter(|secret| futures::future::ready(self.policy.worker_of_secret(&secret.metadata).is_some()))
-            .for_each_concurrent(CONCURRENCY, |secret| {
-                let this = self.clone();
-                async move {
-                    match secret {
-                        Ok(secret) => this.reconcile_secret(&secret.metadata).await,
-                        Err(error) => tracing::warn!(%error, "secret watch error, retrying"),
-                    }
-                }
-            })
-            .await;
-    }
-
-    /// A pod changed: adopt the protected secrets it uses.
-    async fn reconcile_pod(&self, pod: &ObjectMeta) {
-        let (Some(namespace), Some(name), Some(uid)) = (&pod.namespace, &pod.name, &pod.uid) else {
-            return;
-        };
-        if pod.deletion_timestamp.is_some() {
-            return;
-        }
-        for secret in self.secrets_of(pod) {
-            match self.adopt(namespace, &secret, name, uid).await {
-                Ok(Adoption::Added) => {
-                    if let Some(created) = &pod.creation_timestamp {
-                        let latency = Timestamp::now().duration_since(created.0);
-                        self.metrics.adoption_latency(latency.as_secs_f64().max(0.0));
-                    }
-                }
-                Ok(_) => {}
-                Err(error) => tracing::warn!(%error, %namespace, %secret, pod = %name, "cannot add the ownerReference"),
-            }
-        }
-    }
-
-    /// A protected secret changed: adopt it by its worker's pod, if that pod is live.
-    async fn reconcile_secret(&self, secret: &ObjectMeta) {
-        let (Some(namespace), Some(name)) = (&secret.namespace, &secret.name) else {
-            return;
-        };
-        if secret.deletion_timestamp.is_some() || pod_owners(secret).next().is_some() {
-            return;
-        }
-        let Some(worker) = self.policy.worker_of_secret(secret) else {
-            return;
-        };
-        // The worker's pod is named after it; the quorum read in `adopt` confirms its UID.
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        match pods.get_metadata_opt(&worker).await {
-            Ok(Some(PartialObjectMeta { metadata: pod, .. })) if self.secrets_of(&pod).contains(name) => {
-                if let (Some(pod_name), Some(uid)) = (&pod.name, &pod.uid)
-                    && let Err(error) = self.adopt(namespace, name, pod_name, uid).await
-                {
-                    tracing::warn!(%error, %namespace, secret = %name, "cannot add the ownerReference");
-                }
-            }
-            Ok(_) => {}
-            Err(error) => tracing::debug!(%error, %namespace, secret = %name, "cannot read the worker's pod"),
-        }
-    }
-
-    /// The protected secrets a pod uses: the mutation's annotation, or else the names
-    /// its worker label implies.
-    fn secrets_of(&self, pod: &ObjectMeta) -> BTreeSet<String> {
-        let annotated = pod
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(PROTECTED_SECRETS_ANNOTATION));
-        if let Some(list) = annotated {
-            return list.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect();
-        }
-        let worker = pod
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(&self.policy.worker_label));
-        match worker {
-            Some(worker) => self
-                .policy
-                .secret_prefixes
-                .iter()
-                .map(|prefix| format!("{prefix}{worker}"))
-                .collect(),
-            None => BTreeSet::new(),
-        }
-    }
-
-    /// Adds an ownerReference to pod `pod`/`uid` on secret `secret`, after a quorum read
-    /// confirms that pod is live. Conflicting writes are retried after a fresh read.
-    pub async fn adopt(&self, namespace: &str, secret: &str, pod: &str, uid: &str) -> Result<Adoption> {
+    /// Adds `pod`'s reference to `secret` if [`may_adopt`] holds. The secret's metadata
+    /// comes from the label-selected cache when it has it: the write's resourceVersion
+    /// precondition makes a stale copy fail with a conflict, after which it is read again.
+    async fn adopt(&self, pod: &Pod, secret: &str, cached: Option<ObjectMeta>) -> Result<Adoption> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut current = cached;
         for _ in 0..ATTEMPTS {
-            let Some(current) = secrets.get_metadata_opt(secret).await? else {
-                return Ok(Adoption::Skipped);
+            let meta = match current.take() {
+                Some(meta) => meta,
+                None => match secrets.get_metadata_opt(secret).await? {
+                    Some(found) => found.metadata,
+                    None => return Ok(Adoption::Missing),
+                },
             };
-            let owners = current.metadata.owner_references.clone().unwrap_or_default();
+            let owners = meta.owner_references.clone().unwrap_or_default();
             if owners.iter().any(|owner| owner.uid == uid) {
                 return Ok(Adoption::Present);
             }
-            // Confirm the UID by quorum read; a pod that is gone, replaced or finishing
-            // does not get to own the secret.
-            let confirmed = pods.get_opt(pod).await?.as_ref().map(PodState::from);
-            if !confirmed.is_some_and(|p| p.uid == uid && p.is_live()) {
-                return Ok(Adoption::Skipped);
+            if !may_adopt(&self.policy, &meta, pod) {
+                return Ok(Adoption::Refused);
             }
             let mut references = owners;
-            references.push(pod_reference(pod, uid));
+            references.push(pod_reference(pod.metadata.name.as_deref().unwrap_or_default(), uid));
             // The resourceVersion makes the write conditional: another writer in
             // between gets us a 409 Conflict, and we start over from a fresh read.
             let patch = json!({
                 "metadata": {
-                    "resourceVersion": current.metadata.resource_version,
+                    "resourceVersion": meta.resource_version,
                     "ownerReferences": references,
                 }
             });
@@ -226,20 +228,116 @@ impl Reconciler {
             {
                 Ok(_) => {
                     self.metrics.reference_added();
-                    tracing::info!(%namespace, %secret, %pod, %uid, "ownerReference added");
+                    tracing::info!(%namespace, %secret, pod = ?pod.metadata.name, %uid, "ownerReference added");
                     return Ok(Adoption::Added);
                 }
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    self.metrics.adoption_conflict();
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(Adoption::Skipped),
+                Err(kube::Error::Api(status)) if status.code == 409 => self.metrics.adoption_conflict(),
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(Adoption::Missing),
                 Err(error) => return Err(error.into()),
             }
         }
-        Err(crate::Error::Conflict(format!(
-            "secret {namespace}/{secret} kept changing"
-        )))
+        Err(Error::Conflict(format!("secret {namespace}/{secret} kept changing")))
+    }
+}
+
+/// One pod: read it by quorum, then adopt each protected secret of its worker that its
+/// spec references.
+async fn reconcile(cached: Arc<PartialObjectMeta<Pod>>, context: Arc<Context>) -> Result<Action> {
+    let this = &context.reconciler;
+    let key = ObjectRef::from_obj(&*cached);
+    let (Some(namespace), Some(name)) = (cached.metadata.namespace.as_deref(), cached.metadata.name.as_deref()) else {
+        return Ok(Action::await_change());
+    };
+    if cached.metadata.deletion_timestamp.is_some() {
+        return Ok(context.forget(&key));
+    }
+    let pods: Api<Pod> = Api::namespaced(this.client.clone(), namespace);
+    let Some(pod) = pods.get_opt(name).await? else {
+        return Ok(context.forget(&key));
+    };
+    if !PodState::from(&pod).is_live() {
+        return Ok(context.forget(&key));
+    }
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(context.forget(&key));
+    };
+
+    let mut waiting = false;
+    for secret in referenced_secrets(spec) {
+        let cached = context
+            .secrets
+            .get(&ObjectRef::new(&secret).within(namespace))
+            .map(|secret| secret.metadata.clone());
+        // A secret the cache does not have is protected only by its name; one that is
+        // neither labelled nor named after this pod's worker is not this pod's to adopt.
+        if cached.is_none() && this.policy.worker_of_secret_name(&secret).as_deref() != Some(name) {
+            continue;
+        }
+        match this.adopt(&pod, &secret, cached).await? {
+            Adoption::Added => {
+                if let Some(created) = &pod.metadata.creation_timestamp {
+                    let latency = Timestamp::now().duration_since(created.0);
+                    this.metrics.adoption_latency(latency.as_secs_f64().max(0.0));
+                }
+            }
+            // The pod may come before its secret (a secret named after the worker but not
+            // labelled is not watched): look again later.
+            Adoption::Missing => waiting = true,
+            Adoption::Present | Adoption::Refused => {}
+        }
+    }
+    Ok(if waiting {
+        Action::requeue(context.next_retry(&key))
+    } else {
+        context.forget(&key)
+    })
+}
+
+fn error_policy(pod: Arc<PartialObjectMeta<Pod>>, error: &Error, context: Arc<Context>) -> Action {
+    let delay = context.next_retry(&ObjectRef::from_obj(&*pod));
+    tracing::warn!(%error, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, ?delay, "cannot adopt the pod's secrets, retrying");
+    Action::requeue(delay)
+}
+
+/// The pod a secret event concerns: the one named after its worker. A secret that has a
+/// Pod owner already is done (the garbage collector's business now).
+fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<PartialObjectMeta<Pod>>> {
+    if crate::policy::pod_owners(secret).next().is_some() || secret.deletion_timestamp.is_some() {
+        return None;
+    }
+    let worker = policy.worker_of_secret(secret)?;
+    Some(ObjectRef::new(&worker).within(secret.namespace.as_deref()?))
+}
+
+/// The predicate that lets each pod through once per UID.
+fn uid(pod: &PartialObjectMeta<Pod>) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    pod.metadata.uid.as_ref()?.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+// === impl Context ===
+
+impl Context {
+    /// The delay before the next attempt for `pod`: 1 s, doubling up to 5 min.
+    fn next_retry(&self, pod: &ObjectRef<PartialObjectMeta<Pod>>) -> Duration {
+        let mut retries = self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Forget pods that are gone, now and then, so the map stays small.
+        if retries.len() > 1024 {
+            retries.retain(|pod, _| self.pods.get(pod).is_some());
+        }
+        let attempt = retries.entry(pod.clone()).or_default();
+        *attempt = attempt.saturating_add(1);
+        (FIRST_RETRY * 2u32.saturating_pow(*attempt - 1)).min(LAST_RETRY)
+    }
+
+    /// Done with `pod`: nothing to retry.
+    fn forget(&self, pod: &ObjectRef<PartialObjectMeta<Pod>>) -> Action {
+        self.retries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(pod);
+        Action::await_change()
     }
 }
 
@@ -253,5 +351,55 @@ pub fn pod_reference(pod: &str, uid: &str) -> OwnerReference {
         uid: uid.to_owned(),
         controller: Some(false),
         block_owner_deletion: Some(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{policy, worker_pod};
+    use rstest::rstest;
+
+    fn secret(name: &str, worker_label: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some("cds".to_owned()),
+            labels: worker_label.map(|w| [("CDS_WORKER_NAME".to_owned(), w.to_owned())].into()),
+            ..Default::default()
+        }
+    }
+
+    fn live(builder: crate::fixtures::PodBuilder) -> Pod {
+        let mut pod = builder.build();
+        pod.metadata.uid = Some("uid-1".to_owned());
+        pod
+    }
+
+    #[rstest]
+    #[case::its_worker_pod_using_it(secret("cds-worker-config-w1", None), live(worker_pod("w1").env_secret("cds-worker-config-w1")), true)]
+    #[case::labelled_secret_any_name(secret("my-config", Some("w1")), live(worker_pod("w1").secret_volume("my-config")), true)]
+    #[case::pod_of_another_name(secret("cds-worker-config-w1", None), live(worker_pod("x").env_secret("cds-worker-config-w1")), false)]
+    #[case::pod_labelled_with_the_worker_but_named_otherwise(secret("cds-worker-config-w1", None), live(worker_pod("x").label("CDS_WORKER_NAME", "w1").env_secret("cds-worker-config-w1")), false)]
+    #[case::spec_does_not_use_it(secret("cds-worker-config-w1", None), live(worker_pod("w1")), false)]
+    #[case::annotation_is_no_proof(secret("cds-worker-config-w1", None), live(worker_pod("w1").annotation("cds-secret-guard/protected-secrets", "cds-worker-config-w1")), false)]
+    #[case::unprotected_secret(secret("db-password", None), live(worker_pod("w1").env_secret("db-password")), false)]
+    #[case::label_names_another_worker(secret("cds-worker-config-w1", Some("w2")), live(worker_pod("w1").env_secret("cds-worker-config-w1")), false)]
+    #[case::finished_pod(secret("cds-worker-config-w1", None), live(worker_pod("w1").phase("Succeeded").env_secret("cds-worker-config-w1")), false)]
+    fn adoption_rests_on_facts(#[case] secret: ObjectMeta, #[case] pod: Pod, #[case] allowed: bool) {
+        assert_eq!(may_adopt(&policy(), &secret, &pod), allowed);
+    }
+
+    #[test]
+    fn a_pod_without_uid_adopts_nothing() {
+        let pod = worker_pod("w1").env_secret("cds-worker-config-w1").build();
+        assert!(!may_adopt(&policy(), &secret("cds-worker-config-w1", None), &pod));
+    }
+
+    #[test]
+    fn a_secret_already_owned_maps_to_no_pod() {
+        let mut owned = secret("cds-worker-config-w1", Some("w1"));
+        assert_eq!(pod_of(&policy(), &owned).map(|r| r.name), Some("w1".to_owned()));
+        owned.owner_references = Some(vec![pod_reference("w1", "uid-1")]);
+        assert!(pod_of(&policy(), &owned).is_none());
     }
 }

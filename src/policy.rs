@@ -2,25 +2,30 @@
 //!
 //! 1. not a protected secret → allow (no lookup);
 //! 2. the requester is exempt → allow;
-//! 3. every Pod owner of the secret is gone by quorum read → allow (garbage collection);
+//! 3. the secret's Pod owners are all gone by quorum read → rule 4 is waived (the garbage
+//!    collector's path; a live pod of the worker still denies, rule 5);
 //! 4. the secret is younger than the grace period → deny;
 //! 5. a quorum read finds a live pod of the worker → deny;
 //! 6. a lookup failed or ran past its deadline → deny (fail closed);
-//! 7. otherwise → allow (a true orphan).
+//! 7. otherwise → allow (a true orphan, or an owner-gone secret).
 //!
-//! The rules only read the cluster through [`ClusterLookup`], so they are tested with an
-//! in-memory fake; this module knows nothing of HTTP.
+//! Before a denial stands, a namespace that a quorum read shows terminating turns it into
+//! an allow: the namespace takes its pods and secrets with it. Deletes in namespaces the
+//! guard does not watch (`--namespace`) are allowed.
+//!
+//! The rules only read the cluster through [`ClusterLookup`] and never look at a clock
+//! other than `now`, so they run unchanged in handler tests (an in-memory fake), in the
+//! model checker (a model store) and in the server (quorum reads with a deadline).
 
 use std::{fmt, time::Duration};
 
+use futures::future::join_all;
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
     jiff::Timestamp,
 };
-use tokio::time::Instant;
 
 use crate::{
-    Error,
     config::PolicyConfig,
     lookup::{ClusterLookup, PodState},
 };
@@ -47,9 +52,11 @@ pub enum Reason {
     NotProtected,
     /// The secret no longer exists (no `oldObject` was sent and a read found nothing).
     NotFound,
+    /// The secret is in a namespace the guard does not watch.
+    OutOfScope,
     /// Rule 2: the requester is exempt.
     Exempt,
-    /// Rule 3: the pod owning the secret is gone.
+    /// Rules 3 and 7: the pods owning the secret are gone and no live pod of the worker exists.
     OwnerGone,
     /// Rule 4: the secret is younger than the grace period.
     TooYoung,
@@ -59,6 +66,8 @@ pub enum Reason {
     LookupFailed,
     /// Rule 7: no pod needs the secret.
     Orphan,
+    /// A denial overridden: the namespace is being deleted.
+    NamespaceTerminating,
 }
 
 /// The outcome of the rules for one delete.
@@ -78,23 +87,26 @@ pub struct Verdict {
     pub age: Option<Duration>,
 }
 
-/// Applies the rules to one secret delete. Lookups share one deadline,
-/// `config.lookup_timeout`, counted from the call.
+/// Applies the rules to one secret delete. Every read goes through `lookup`; its
+/// deadline, if any, is the lookup's business (see [`crate::lookup::Deadline`]).
 pub async fn decide(
     config: &PolicyConfig,
     request: &SecretDelete<'_>,
     lookup: &dyn ClusterLookup,
     now: Timestamp,
 ) -> Verdict {
-    let deadline = Instant::now() + config.lookup_timeout;
-    let budget = config.lookup_timeout;
     let (namespace, name) = (request.namespace, request.name);
+    if !config.watches(namespace) {
+        let worker = request.secret.and_then(|secret| config.worker_of_secret(secret));
+        let message = format!("namespace {namespace} is not watched by this guard");
+        return Verdict::allow(Reason::OutOfScope, worker, None, message);
+    }
 
     // DELETE carries the secret in `oldObject`; should it be missing, read its metadata.
     let fetched;
     let secret = match request.secret {
         Some(secret) => secret,
-        None => match within(deadline, budget, lookup.secret_metadata(namespace, name)).await {
+        None => match lookup.secret_metadata(namespace, name).await {
             Ok(Some(meta)) => {
                 fetched = meta;
                 &fetched
@@ -126,106 +138,187 @@ pub async fn decide(
         return Verdict::allow(Reason::Exempt, Some(worker), Some(age), format!("{user} is exempt"));
     }
 
-    // Rule 3: the owner pods, each by quorum read. A live owner is remembered for rule 5.
-    let mut failure: Option<Error> = None;
-    let mut live_owner = None;
     let owners: Vec<&OwnerReference> = pod_owners(secret).collect();
-    if !owners.is_empty() {
-        let mut all_gone = true;
-        for owner in owners {
-            match within(deadline, budget, lookup.pod(namespace, &owner.name)).await {
-                Ok(Some(pod)) if pod.uid == owner.uid => {
-                    all_gone = false;
-                    if pod.is_live() {
-                        live_owner.get_or_insert(pod);
-                    }
-                }
-                // Gone, or a new pod under the same name: the owner itself is gone.
-                Ok(_) => {}
-                Err(error) => {
-                    all_gone = false;
-                    failure = Some(error);
-                }
-            }
-        }
-        if all_gone {
-            let message = format!("the pod owning secret {name} is gone");
-            return Verdict::allow(Reason::OwnerGone, Some(worker), Some(age), message);
-        }
+    let verdict = if owners.is_empty() && age < config.grace_period {
+        // Rule 4 without a read: no owner can waive it.
+        too_young(config, name, worker, age)
+    } else {
+        let reads = PodReads::read(lookup, config, namespace, &worker, &owners).await;
+        rules(config, name, worker, age, &owners, &reads)
+    };
+    if verdict.allowed {
+        return verdict;
     }
+    // A namespace being deleted takes its pods and secrets with it; only a quorum read
+    // that shows it terminating overrides the denial.
+    match lookup.namespace_terminating(namespace).await {
+        Ok(true) => {
+            let message = format!("namespace {namespace} is being deleted");
+            Verdict::allow(Reason::NamespaceTerminating, verdict.worker, verdict.age, message)
+        }
+        Ok(false) | Err(_) => verdict,
+    }
+}
+
+/// What the quorum reads behind rules 3, 5 and 6 returned: the pods read by name (the
+/// owners and the worker's namesake) and the pods carrying the worker label.
+struct PodReads {
+    named: Vec<(String, crate::Result<Option<PodState>>)>,
+    labelled: crate::Result<Vec<PodState>>,
+}
+
+impl PodReads {
+    /// Reads everything at once: the reads do not depend on each other.
+    async fn read(
+        lookup: &dyn ClusterLookup,
+        config: &PolicyConfig,
+        namespace: &str,
+        worker: &str,
+        owners: &[&OwnerReference],
+    ) -> Self {
+        let mut names: Vec<&str> = owners.iter().map(|owner| owner.name.as_str()).collect();
+        names.push(worker);
+        names.sort_unstable();
+        names.dedup();
+        let gets = join_all(names.iter().map(|&name| async move {
+            // No pod can carry a name that is not a valid object name: it is absent.
+            let pod = if is_object_name(name) {
+                lookup.pod(namespace, name).await
+            } else {
+                Ok(None)
+            };
+            (name.to_owned(), pod)
+        }));
+        let list = async {
+            // A value that cannot be a label value is on no pod; asking would get a 400.
+            if is_label_value(worker) {
+                lookup.pods_labelled(namespace, &config.worker_label, worker).await
+            } else {
+                Ok(Vec::new())
+            }
+        };
+        let (named, labelled) = futures::join!(gets, list);
+        Self { named, labelled }
+    }
+
+    fn named(&self, name: &str) -> Option<&crate::Result<Option<PodState>>> {
+        self.named.iter().find(|(n, _)| n == name).map(|(_, pod)| pod)
+    }
+
+    fn first_error(&self) -> Option<&crate::Error> {
+        let named = self.named.iter().filter_map(|(_, pod)| pod.as_ref().err());
+        named.chain(self.labelled.as_ref().err()).next()
+    }
+}
+
+/// Rules 3 to 7 on what the reads returned.
+fn rules(
+    config: &PolicyConfig,
+    name: &str,
+    worker: String,
+    age: Duration,
+    owners: &[&OwnerReference],
+    reads: &PodReads,
+) -> Verdict {
+    // Rule 3: every owner is gone, or replaced by a new pod under its name.
+    let owner_gone = !owners.is_empty()
+        && owners.iter().all(|owner| {
+            matches!(reads.named(&owner.name), Some(Ok(pod)) if pod.as_ref().is_none_or(|pod| pod.uid != owner.uid))
+        });
 
     // Rule 4.
-    if age < config.grace_period {
-        let message = format!(
-            "secret {name} is {} old; it cannot be deleted within {} of creation",
-            human(age),
-            human(config.grace_period)
-        );
-        return Verdict::deny(Reason::TooYoung, Some(worker), Some(age), message);
+    if !owner_gone && age < config.grace_period {
+        return too_young(config, name, worker, age);
     }
 
-    // Rule 5.
-    let live = match live_owner {
-        Some(pod) => Some(pod),
-        None => match within(deadline, budget, worker_pods(lookup, config, namespace, &worker)).await {
-            Ok(pods) => pods.into_iter().find(PodState::is_live),
-            Err(error) => {
-                failure = Some(error);
-                None
-            }
-        },
+    // Rule 5: a live owner, or a live pod named after the worker or labelled with it.
+    let live_owner = owners.iter().find_map(|owner| match reads.named(&owner.name) {
+        Some(Ok(Some(pod))) if pod.uid == owner.uid && pod.is_live() => Some(pod),
+        _ => None,
+    });
+    let namesake = match reads.named(&worker) {
+        Some(Ok(pod)) => pod.as_ref(),
+        _ => None,
     };
-    if let Some(pod) = live {
+    let labelled = reads.labelled.as_deref().unwrap_or_default();
+    if let Some(pod) = live_owner.or_else(|| live_worker_pod(namesake, labelled)) {
         let phase = pod.phase.as_deref().unwrap_or("Pending");
         let message = format!(
             "pod {} (uid {}, {phase}) still uses secret {name}; delete the pod and the secret goes with it",
             pod.name, pod.uid
         );
         return Verdict {
-            pod: Some(pod),
+            pod: Some(pod.clone()),
             ..Verdict::deny(Reason::PodLive, Some(worker), Some(age), message)
         };
     }
 
     // Rule 6.
-    if let Some(error) = failure {
+    if let Some(error) = reads.first_error() {
         let message =
             format!("cannot verify that no pod of worker {worker} uses secret {name} ({error}); refusing to delete it");
         return Verdict::deny(Reason::LookupFailed, Some(worker), Some(age), message);
     }
 
     // Rule 7.
+    if owner_gone {
+        let message = format!("the pod owning secret {name} is gone and no pod of worker {worker} is live");
+        return Verdict::allow(Reason::OwnerGone, Some(worker), Some(age), message);
+    }
     let message = format!("no pod of worker {worker} exists");
     Verdict::allow(Reason::Orphan, Some(worker), Some(age), message)
 }
 
-/// The pods of a worker: the pod named after it and the pods labelled with it.
-async fn worker_pods(
-    lookup: &dyn ClusterLookup,
-    config: &PolicyConfig,
-    namespace: &str,
-    worker: &str,
-) -> crate::Result<Vec<PodState>> {
-    let (named, mut labelled) = futures::try_join!(
-        lookup.pod(namespace, worker),
-        lookup.pods_labelled(namespace, &config.worker_label, worker)
-    )?;
-    labelled.extend(named);
-    Ok(labelled)
+/// The pods of a worker as rule 5 reads them, by quorum read: the pod named after it and
+/// the pods labelled with it.
+#[derive(Debug, Default)]
+pub struct WorkerPods {
+    /// The pod named after the worker.
+    pub namesake: Option<PodState>,
+    /// The pods carrying the worker label.
+    pub labelled: Vec<PodState>,
 }
 
-async fn within<T>(
-    deadline: Instant,
-    budget: Duration,
-    future: impl Future<Output = crate::Result<T>>,
-) -> crate::Result<T> {
-    tokio::time::timeout_at(deadline, future)
-        .await
-        .unwrap_or(Err(Error::Timeout(budget)))
+impl WorkerPods {
+    /// Reads them, both at once.
+    pub async fn read(
+        lookup: &dyn ClusterLookup,
+        config: &PolicyConfig,
+        namespace: &str,
+        worker: &str,
+    ) -> crate::Result<Self> {
+        let PodReads { mut named, labelled } = PodReads::read(lookup, config, namespace, worker, &[]).await;
+        let namesake = named.pop().map_or(Ok(None), |(_, pod)| pod)?;
+        Ok(Self {
+            namesake,
+            labelled: labelled?,
+        })
+    }
+
+    /// The live pod of the worker that rule 5 would name, if any.
+    pub fn live(&self) -> Option<&PodState> {
+        live_worker_pod(self.namesake.as_ref(), &self.labelled)
+    }
+}
+
+/// A live pod among the worker's: its namesake first, then a labelled one.
+fn live_worker_pod<'a>(namesake: Option<&'a PodState>, labelled: &'a [PodState]) -> Option<&'a PodState> {
+    namesake
+        .filter(|pod| pod.is_live())
+        .or_else(|| labelled.iter().find(|pod| pod.is_live()))
+}
+
+fn too_young(config: &PolicyConfig, name: &str, worker: String, age: Duration) -> Verdict {
+    let message = format!(
+        "secret {name} is {} old; it cannot be deleted within {} of creation",
+        human(age),
+        human(config.grace_period)
+    );
+    Verdict::deny(Reason::TooYoung, Some(worker), Some(age), message)
 }
 
 /// The secret's ownerReferences to Pods.
-pub(crate) fn pod_owners(secret: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
+pub fn pod_owners(secret: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
     secret
         .owner_references
         .iter()
@@ -234,7 +327,7 @@ pub(crate) fn pod_owners(secret: &ObjectMeta) -> impl Iterator<Item = &OwnerRefe
 }
 
 /// Age of a secret; a missing or future creation time counts as brand new (the safe side).
-pub(crate) fn secret_age(secret: &ObjectMeta, now: Timestamp) -> Duration {
+pub fn secret_age(secret: &ObjectMeta, now: Timestamp) -> Duration {
     secret
         .creation_timestamp
         .as_ref()
@@ -246,6 +339,57 @@ fn human(duration: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(Duration::from_secs(duration.as_secs()))
 }
 
+/// Whether a string is a valid label value (at most 63 characters, alphanumerics with
+/// `-`, `_` and `.` inside).
+pub fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let inner = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    bytes.len() <= 63
+        && bytes.first().is_none_or(u8::is_ascii_alphanumeric)
+        && bytes.last().is_none_or(u8::is_ascii_alphanumeric)
+        && bytes.iter().all(inner)
+}
+
+/// Whether a string is a valid object name (a DNS subdomain, as pod names are).
+pub fn is_object_name(name: &str) -> bool {
+    let label = |part: &str| {
+        let bytes = part.as_bytes();
+        let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
+        let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        edge(bytes.first()) && edge(bytes.last()) && bytes.iter().all(inner)
+    };
+    name.len() <= 253 && name.split('.').all(label)
+}
+
+// === impl PolicyConfig ===
+
+impl PolicyConfig {
+    /// The worker a secret belongs to, if it is protected: the worker label's value,
+    /// else the name after a protected prefix.
+    pub fn worker_of_secret(&self, meta: &ObjectMeta) -> Option<String> {
+        let labelled = meta.labels.as_ref().and_then(|labels| labels.get(&self.worker_label));
+        match labelled {
+            Some(worker) if !worker.is_empty() => Some(worker.clone()),
+            _ => self.worker_of_secret_name(meta.name.as_deref()?),
+        }
+    }
+
+    /// The worker named by a protected secret name (`cds-worker-config-<worker>`).
+    pub fn worker_of_secret_name(&self, name: &str) -> Option<String> {
+        self.secret_prefixes
+            .iter()
+            .filter_map(|prefix| name.strip_prefix(prefix.as_str()))
+            .find(|worker| !worker.is_empty())
+            .map(str::to_owned)
+    }
+
+    /// Whether the requester may delete protected secrets without checks.
+    pub fn is_exempt(&self, username: Option<&str>, groups: &[String]) -> bool {
+        username.is_some_and(|user| self.exempt_users.iter().any(|u| u == user))
+            || groups.iter().any(|g| self.exempt_groups.contains(g))
+    }
+}
+
 // === impl Reason ===
 
 impl Reason {
@@ -254,12 +398,14 @@ impl Reason {
         match self {
             Self::NotProtected => "not-protected",
             Self::NotFound => "not-found",
+            Self::OutOfScope => "out-of-scope",
             Self::Exempt => "exempt",
             Self::OwnerGone => "owner-gone",
             Self::TooYoung => "too-young",
             Self::PodLive => "pod-live",
             Self::LookupFailed => "lookup-failed",
             Self::Orphan => "orphan",
+            Self::NamespaceTerminating => "namespace-terminating",
         }
     }
 }
@@ -273,7 +419,8 @@ impl fmt::Display for Reason {
 // === impl Verdict ===
 
 impl Verdict {
-    fn allow(reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
+    /// An allow by `reason`.
+    pub fn allow(reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
         Self {
             allowed: true,
             reason,
@@ -284,7 +431,8 @@ impl Verdict {
         }
     }
 
-    fn deny(reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
+    /// A denial by `reason`.
+    pub fn deny(reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
         Self {
             allowed: false,
             ..Self::allow(reason, worker, age, message)
@@ -294,5 +442,37 @@ impl Verdict {
     /// Whether the secret is a worker secret (every decision on one is audited).
     pub fn is_protected(&self) -> bool {
         self.worker.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("w1", true)]
+    #[case("a.b-c_d", true)]
+    #[case("", true)]
+    #[case("-a", false)]
+    #[case(".a", false)]
+    #[case("a/b", false)]
+    #[case(&"w".repeat(64), false)]
+    fn label_values(#[case] value: &str, #[case] valid: bool) {
+        assert_eq!(is_label_value(value), valid);
+    }
+
+    #[rstest]
+    #[case("w1", true)]
+    #[case("a.b-c", true)]
+    #[case("", false)]
+    #[case("W1", false)]
+    #[case("a_b", false)]
+    #[case("-a", false)]
+    #[case("a..b", false)]
+    #[case("..", false)]
+    #[case(&"w".repeat(254), false)]
+    fn object_names(#[case] name: &str, #[case] valid: bool) {
+        assert_eq!(is_object_name(name), valid);
     }
 }

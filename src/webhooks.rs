@@ -65,7 +65,18 @@ pub fn configurations(
         )])),
         ..Default::default()
     };
-    let namespaces = namespace_selector(&args.guard_namespace);
+    let namespaces = namespace_selector(&args.guard_namespace, &args.scope.namespaces);
+    let mut secret_conditions = vec![MatchCondition {
+        name: "protected-secret".to_owned(),
+        expression: protected_secret_expression(&args.secrets.secret_prefixes, &args.secrets.worker_label),
+    }];
+    // Exempt requests never reach the guard: namespace deletion works while it is down.
+    if let Some(expression) = not_exempt_expression(&args.scope.exempt_users, &args.scope.exempt_groups) {
+        secret_conditions.push(MatchCondition {
+            name: "not-exempt".to_owned(),
+            expression,
+        });
+    }
 
     let validating = ValidatingWebhookConfiguration {
         metadata: metadata.clone(),
@@ -79,10 +90,7 @@ pub fn configurations(
             admission_review_versions: vec!["v1".to_owned()],
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespaces.clone()),
-            match_conditions: Some(vec![MatchCondition {
-                name: "protected-secret".to_owned(),
-                expression: protected_secret_expression(&args.secrets.secret_prefixes, &args.secrets.worker_label),
-            }]),
+            match_conditions: Some(secret_conditions),
             ..Default::default()
         }]),
     };
@@ -95,23 +103,37 @@ pub fn configurations(
             failure_policy: Some("Ignore".to_owned()),
             reinvocation_policy: Some("IfNeeded".to_owned()),
             side_effects: "None".to_owned(),
-            timeout_seconds: Some(args.timeout_seconds),
+            // The mutation never blocks a pod; a slow answer must not slow pod creation.
+            timeout_seconds: Some(MUTATION_TIMEOUT_SECONDS),
             admission_review_versions: vec!["v1".to_owned()],
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespaces),
+            match_conditions: Some(vec![MatchCondition {
+                name: "worker-pod".to_owned(),
+                expression: worker_pod_expression(&args.secrets.secret_prefixes, &args.secrets.worker_label),
+            }]),
             ..Default::default()
         }]),
     };
     Ok((validating, mutating))
 }
 
-/// Leaves out kube-system and the guard's own namespace.
-fn namespace_selector(guard_namespace: &str) -> LabelSelector {
+/// Seconds the apiserver waits for the pod mutation (`serve --mutation-timeout` is below).
+pub const MUTATION_TIMEOUT_SECONDS: i32 = 2;
+
+/// The watched namespaces when given, else every namespace but kube-system and the
+/// guard's own.
+fn namespace_selector(guard_namespace: &str, namespaces: &[String]) -> LabelSelector {
+    let (operator, values) = if namespaces.is_empty() {
+        ("NotIn", vec!["kube-system".to_owned(), guard_namespace.to_owned()])
+    } else {
+        ("In", namespaces.to_vec())
+    };
     LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: "kubernetes.io/metadata.name".to_owned(),
-            operator: "NotIn".to_owned(),
-            values: Some(vec!["kube-system".to_owned(), guard_namespace.to_owned()]),
+            operator: operator.to_owned(),
+            values: Some(values),
         }]),
         match_labels: None,
     }
@@ -130,7 +152,6 @@ fn rule(operation: &str, resource: &str) -> RuleWithOperations {
 /// CEL that sends only protected secrets to the guard: a protected name prefix or the
 /// worker label. A delete without `oldObject` is sent too, and the guard reads the secret.
 pub fn protected_secret_expression(prefixes: &[String], worker_label: &str) -> String {
-    let quote = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
     let mut terms = vec!["oldObject == null".to_owned()];
     terms.extend(
         prefixes
@@ -142,6 +163,75 @@ pub fn protected_secret_expression(prefixes: &[String], worker_label: &str) -> S
         quote(worker_label)
     ));
     terms.join(" || ")
+}
+
+/// CEL that leaves out the exempt users and groups; `None` when nobody is exempt.
+pub fn not_exempt_expression(users: &[String], groups: &[String]) -> Option<String> {
+    let list = |items: &[String]| format!("[{}]", items.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", "));
+    let mut terms = Vec::new();
+    if !users.is_empty() {
+        terms.push(format!("!(request.userInfo.username in {})", list(users)));
+    }
+    if !groups.is_empty() {
+        terms.push(format!(
+            "!(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {}))",
+            list(groups)
+        ));
+    }
+    (!terms.is_empty()).then(|| terms.join(" && "))
+}
+
+/// CEL that sends the guard only the pods it may patch: those carrying the worker label
+/// or referencing a protected secret by name, wherever the mutation looks.
+pub fn worker_pod_expression(prefixes: &[String], worker_label: &str) -> String {
+    let protected = |name: &str| {
+        let tests: Vec<String> = prefixes
+            .iter()
+            .map(|prefix| format!("{name}.startsWith({})", quote(prefix)))
+            .collect();
+        format!("({})", tests.join(" || "))
+    };
+    let containers = |list: &str| {
+        format!(
+            "{list}.exists(c, (has(c.env) && c.env.exists(e, has(e.valueFrom) && has(e.valueFrom.secretKeyRef) \
+             && has(e.valueFrom.secretKeyRef.name) && {})) || (has(c.envFrom) && c.envFrom.exists(f, \
+             has(f.secretRef) && has(f.secretRef.name) && {})))",
+            protected("e.valueFrom.secretKeyRef.name"),
+            protected("f.secretRef.name"),
+        )
+    };
+    [
+        format!(
+            "(has(object.metadata.labels) && {} in object.metadata.labels)",
+            quote(worker_label)
+        ),
+        format!(
+            "(has(object.spec.imagePullSecrets) && object.spec.imagePullSecrets.exists(s, has(s.name) && {}))",
+            protected("s.name")
+        ),
+        format!(
+            "(has(object.spec.volumes) && object.spec.volumes.exists(v, (has(v.secret) && has(v.secret.secretName) \
+             && {}) || (has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(p, \
+             has(p.secret) && has(p.secret.name) && {}))))",
+            protected("v.secret.secretName"),
+            protected("p.secret.name"),
+        ),
+        containers("object.spec.containers"),
+        format!(
+            "(has(object.spec.initContainers) && {})",
+            containers("object.spec.initContainers")
+        ),
+        format!(
+            "(has(object.spec.ephemeralContainers) && {})",
+            containers("object.spec.ephemeralContainers")
+        ),
+    ]
+    .join(" || ")
+}
+
+/// A CEL string literal.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
 fn to_yaml(value: &impl serde::Serialize) -> Result<String> {
@@ -202,6 +292,59 @@ mod tests {
         assert_eq!(pod.client_config.url.as_deref(), Some("https://127.0.0.1:8443/mutate"));
         assert_eq!(pod.failure_policy.as_deref(), Some("Ignore"));
         assert_eq!(pod.reinvocation_policy.as_deref(), Some("IfNeeded"));
+    }
+
+    #[test]
+    fn exempt_requesters_and_other_pods_never_reach_the_guard() {
+        let (validating, mutating) =
+            configurations(&args(&["--url", "https://g", "--exempt-group", "ops"]), None).unwrap();
+        let conditions = validating.webhooks.unwrap()[0].match_conditions.clone().unwrap();
+        let exempt = conditions.iter().find(|c| c.name == "not-exempt").unwrap();
+        assert_eq!(
+            exempt.expression,
+            "!(request.userInfo.username in ['system:serviceaccount:kube-system:namespace-controller']) \
+             && !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in ['ops']))"
+        );
+        let pod = &mutating.webhooks.unwrap()[0];
+        assert!(pod.timeout_seconds.is_some_and(|t| t <= 2));
+        let worker_pod = &pod.match_conditions.as_ref().unwrap()[0].expression;
+        assert!(worker_pod.starts_with("(has(object.metadata.labels) && 'CDS_WORKER_NAME' in object.metadata.labels)"));
+        for place in [
+            "imagePullSecrets",
+            "v.secret.secretName",
+            "p.secret.name",
+            "e.valueFrom.secretKeyRef.name",
+            "f.secretRef.name",
+            "initContainers",
+            "ephemeralContainers",
+        ] {
+            assert!(worker_pod.contains(place), "{place} missing from {worker_pod}");
+        }
+    }
+
+    #[test]
+    fn nobody_exempt_means_no_condition() {
+        assert_eq!(not_exempt_expression(&[], &[]), None);
+    }
+
+    #[test]
+    fn watched_namespaces_select_the_webhooks() {
+        let (validating, mutating) = configurations(
+            &args(&["--url", "https://g", "--namespace", "cds", "--namespace", "ci"]),
+            None,
+        )
+        .unwrap();
+        for selector in [
+            validating.webhooks.unwrap()[0].namespace_selector.clone(),
+            mutating.webhooks.unwrap()[0].namespace_selector.clone(),
+        ] {
+            let requirement = &selector.unwrap().match_expressions.unwrap()[0];
+            assert_eq!(requirement.operator, "In");
+            assert_eq!(
+                requirement.values.as_deref(),
+                Some(&["cds".to_owned(), "ci".to_owned()][..])
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,10 @@ use std::{sync::Arc, time::Duration};
 
 use axum::http::StatusCode;
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
-use cds_secret_guard::{Server, config::Mode, server::BODY_LIMIT};
+use cds_secret_guard::{
+    Server,
+    config::{Limits, Mode},
+};
 use common::*;
 use rstest::rstest;
 use serde_json::{Value, json};
@@ -36,7 +39,7 @@ fn owned_by(review: Value, pod: &str, uid: &str) -> Value {
 }
 
 fn terminating(mut pod: FakePod) -> FakePod {
-    pod.state.terminating = true;
+    pod.terminating = true;
     pod
 }
 
@@ -88,9 +91,18 @@ const fn deny(reason: &'static str, message: &'static str) -> Expect {
     policy(),
     allow("owner-gone")
 )]
-#[case::owner_replaced_by_a_new_pod_of_the_same_name(
+#[case::owner_replaced_by_a_finished_pod_of_the_same_name(
     owned_by(secret_delete(YOUNG), "w1", "uid-1"),
-    FakeCluster::with_pods([pod("w1", "uid-2", "Pending", "other")]), policy(), allow("owner-gone"))]
+    FakeCluster::with_pods([pod("w1", "uid-2", "Succeeded", "other")]), policy(), allow("owner-gone"))]
+#[case::owner_gone_but_a_new_pod_of_the_worker_lives(
+    owned_by(secret_delete(YOUNG), "w1", "uid-1"),
+    FakeCluster::with_pods([pod("w1", "uid-2", "Pending", "other")]), policy(), deny("pod-live", "pod w1 (uid uid-2, Pending) still uses secret cds-worker-config-w1"))]
+#[case::owner_gone_but_a_labelled_pod_of_the_worker_lives(
+    owned_by(secret_delete(YOUNG), "w1", "uid-1"),
+    FakeCluster::with_pods([pod("w1-retry", "uid-3", "Running", "w1")]), policy(), deny("pod-live", "pod w1-retry (uid uid-3, Running)"))]
+#[case::owner_gone_and_the_labelled_pods_unverifiable(
+    owned_by(secret_delete(YOUNG), "w1", "uid-1"),
+    FakeCluster { failing_lists: true, ..FakeCluster::default() }, policy(), deny("lookup-failed", "cannot verify that no pod of worker w1 uses secret"))]
 #[case::live_owner_protects(
     owned_by(secret_delete(OLD), "w1", "uid-1"),
     FakeCluster::with_pods([pod("w1", "uid-1", "Running", "w1")]), policy(), deny("pod-live", "pod w1 (uid uid-1, Running) still uses secret cds-worker-config-w1"))]
@@ -394,15 +406,14 @@ async fn bad_bodies_get_a_clear_4xx(#[case] body: &str, #[case] status: StatusCo
 #[tokio::test]
 async fn oversize_body_is_413_and_a_1mib_secret_fits() {
     let server = server(Arc::new(FakeCluster::default()), policy());
-    // A DELETE of a secret holding 1 MiB, as an UPDATE-sized review would carry it twice.
+    // A DELETE of the largest secret there can be: 1 MiB of data, 1.33 MiB in base64.
     let data = BASE64.encode(vec![7u8; 1024 * 1024]);
     let big = set(secret_delete(YOUNG), "/request/oldObject/data/CDS_CONFIG", json!(data));
-    let big = set(big, "/request/object", json!({"data": {"CDS_CONFIG": data}}));
     let (status, answer) = post(&server.router(), "/validate", big.to_string()).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["response"]["allowed"], false);
 
-    let oversize = format!("{{\"padding\": \"{}\"}}", "x".repeat(BODY_LIMIT));
+    let oversize = format!("{{\"padding\": \"{}\"}}", "x".repeat(Limits::default().body_limit));
     let (status, answer) = post(&server.router(), "/validate", oversize).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("cannot read request body"));

@@ -12,7 +12,7 @@ use axum::{
 };
 use cds_secret_guard::{
     Config, Error, Result,
-    config::PolicyConfig,
+    config::{Limits, PolicyConfig},
     lookup::{ClusterLookup, PodState},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -77,38 +77,41 @@ pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
         tls_key: tls_dir.join("tls.key"),
         tls_reload_interval: Duration::from_millis(100),
         request_timeout: Duration::from_secs(4),
+        mutation_timeout: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(10),
+        limits: Limits {
+            drain_delay: Duration::from_millis(200),
+            ..Limits::default()
+        },
         policy,
     }
 }
 
 /// A pod in the fake cluster.
-#[derive(Debug, Clone)]
-pub struct FakePod {
-    pub state: PodState,
-    pub labels: BTreeMap<String, String>,
-}
+pub type FakePod = PodState;
 
-/// An in-memory cluster: pods and secret metadata, optionally failing or slow.
+/// An in-memory cluster: pods, secret metadata and terminating namespaces, optionally
+/// failing or slow.
 #[derive(Default)]
 pub struct FakeCluster {
     pub pods: Mutex<Vec<FakePod>>,
     pub secrets: Mutex<Vec<ObjectMeta>>,
+    pub terminating_namespaces: Mutex<Vec<String>>,
     pub failing: bool,
+    /// Only the label-selected lists fail.
+    pub failing_lists: bool,
     pub delay: Option<Duration>,
     pub reads: Mutex<usize>,
 }
 
 /// A pod named `name` with `uid`, in `phase`, labelled `CDS_WORKER_NAME=worker`.
 pub fn pod(name: &str, uid: &str, phase: &str, worker: &str) -> FakePod {
-    FakePod {
-        state: PodState {
-            name: name.into(),
-            uid: uid.into(),
-            phase: Some(phase.into()),
-            terminating: false,
-        },
+    PodState {
+        name: name.into(),
         labels: BTreeMap::from([("CDS_WORKER_NAME".into(), worker.into())]),
+        uid: uid.into(),
+        phase: Some(phase.into()),
+        terminating: false,
     }
 }
 
@@ -155,22 +158,19 @@ impl FakeCluster {
 impl ClusterLookup for FakeCluster {
     async fn pod(&self, _: &str, name: &str) -> Result<Option<PodState>> {
         self.read().await?;
-        Ok(self
-            .pods
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|p| p.state.name == name)
-            .map(|p| p.state.clone()))
+        Ok(self.pods.lock().unwrap().iter().find(|p| p.name == name).cloned())
     }
 
     async fn pods_labelled(&self, _: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
         self.read().await?;
+        if self.failing_lists {
+            return Err(Error::KubeConfig("fake apiserver cannot list".into()));
+        }
         let pods = self.pods.lock().unwrap();
         Ok(pods
             .iter()
             .filter(|p| p.labels.get(label).is_some_and(|v| v == value))
-            .map(|p| p.state.clone())
+            .cloned()
             .collect())
     }
 
@@ -183,6 +183,16 @@ impl ClusterLookup for FakeCluster {
             .iter()
             .find(|s| s.name.as_deref() == Some(name))
             .cloned())
+    }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
+        self.read().await?;
+        Ok(self
+            .terminating_namespaces
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n == namespace))
     }
 }
 

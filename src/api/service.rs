@@ -1,0 +1,175 @@
+//! The services behind the handlers: the secret-delete decision with its audit trail and
+//! metrics, and the pod mutation with its one read. Nothing here knows about HTTP.
+
+use std::collections::BTreeSet;
+
+use futures::future::join_all;
+use k8s_openapi::{
+    api::core::v1::{Pod, Secret},
+    jiff::Timestamp,
+};
+use kube::core::{
+    PartialObjectMeta,
+    admission::{AdmissionRequest, AdmissionResponse},
+};
+use tokio::time::Instant;
+use tracing::Span;
+
+use super::AppState;
+use crate::{
+    audit::{self, Requester},
+    config::Mode,
+    lookup::{ClusterLookup, Deadline},
+    mutation,
+    policy::{self, Reason, SecretDelete, Verdict},
+};
+
+/// Decides on a secret delete, audits the decision and counts it. A decision still
+/// running at `deadline` is a denial like any other failed lookup, audited the same way.
+pub async fn validate_delete(
+    state: &AppState,
+    request: &AdmissionRequest<PartialObjectMeta<Secret>>,
+    deadline: Instant,
+) -> AdmissionResponse {
+    let old_object = request.old_object.as_ref().map(|secret| &secret.metadata);
+    let delete = SecretDelete {
+        namespace: request.namespace.as_deref().unwrap_or_default(),
+        name: secret_name(request),
+        secret: old_object,
+        username: request.user_info.username.as_deref(),
+        groups: request.user_info.groups.as_deref().unwrap_or_default(),
+    };
+    let lookup = Deadline::new(&state.lookup, state.policy.lookup_timeout);
+    let decision = policy::decide(&state.policy, &delete, &lookup, Timestamp::now());
+    let verdict = match tokio::time::timeout_at(deadline, decision).await {
+        Ok(verdict) => verdict,
+        Err(_) => {
+            let worker = match old_object {
+                Some(secret) => state.policy.worker_of_secret(secret),
+                None => state.policy.worker_of_secret_name(delete.name),
+            };
+            let age = old_object.map(|secret| policy::secret_age(secret, Timestamp::now()));
+            let message = format!(
+                "cannot decide on secret {} within {:?}; refusing to delete it",
+                delete.name, state.request_timeout
+            );
+            Verdict::deny(Reason::LookupFailed, worker, age, message)
+        }
+    };
+    let enforced = state.policy.mode == Mode::Enforce;
+    Span::current().record("reason", verdict.reason.code());
+    let requester = Requester {
+        uid: &request.uid,
+        dry_run: request.dry_run,
+    };
+    audit::record(&delete, requester, &verdict, enforced);
+    let outcome = audit::outcome(&verdict, enforced);
+    state.metrics.decision("DELETE", outcome, verdict.reason.code());
+    respond(request, &verdict, enforced)
+}
+
+fn respond<T: kube::Resource>(request: &AdmissionRequest<T>, verdict: &Verdict, enforced: bool) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(request);
+    if verdict.allowed {
+        return response;
+    }
+    response.audit_annotations = audit::annotations(verdict);
+    if enforced {
+        let mut response = response.deny(&verdict.message);
+        // Forbidden, not kube's default Bad Request: the request was fine, the delete is not allowed.
+        response.result.code = 403;
+        response.result.reason = "Forbidden".to_owned();
+        response
+    } else {
+        response.warnings = Some(vec![format!("cds-secret-guard would deny: {}", verdict.message)]);
+        response
+    }
+}
+
+/// The secret's name. The per-item DELETEs of a deletecollection carry an empty
+/// `request.name`: the name is then only in `oldObject`.
+fn secret_name(request: &AdmissionRequest<PartialObjectMeta<Secret>>) -> &str {
+    match request
+        .old_object
+        .as_ref()
+        .and_then(|secret| secret.metadata.name.as_deref())
+    {
+        Some(name) if request.name.is_empty() => name,
+        _ => &request.name,
+    }
+}
+
+/// The patch for a pod create, if it needs one. The secrets' hatchery label is read by
+/// quorum read, all secrets at once, within `mutation_timeout`: a read that does not
+/// answer in time only leaves that label out.
+pub async fn mutate_pod(
+    state: &AppState,
+    request: &AdmissionRequest<Pod>,
+    deadline: Instant,
+) -> Option<json_patch::Patch> {
+    let Some(pod) = request.object.as_ref() else {
+        tracing::warn!("pod create without an object, allowed unpatched");
+        return None;
+    };
+    let policy = &state.policy;
+    let (secrets, worker) = mutation::protected_secrets(policy, pod.spec.as_ref());
+    if secrets.is_empty() {
+        state.metrics.decision("CREATE", "skip", "no-protected-secret");
+        return None;
+    }
+    let hatchery = match (&worker, request.namespace.as_deref()) {
+        (Some(_), Some(namespace)) if !has_label(pod, &policy.hatchery_label) => {
+            let deadline = deadline.min(Instant::now() + state.mutation_timeout);
+            let lookup = Deadline::until(&state.lookup, deadline);
+            hatchery_of(state, &lookup, namespace, &secrets).await
+        }
+        _ => None,
+    };
+    let mutation = mutation::mutate(policy, pod, hatchery.as_deref());
+    let changed = !mutation.patch.0.is_empty();
+    let decision = if changed { "patch" } else { "unchanged" };
+    Span::current().record("reason", decision);
+    state.metrics.decision("CREATE", decision, "protected-secret");
+    tracing::info!(
+        worker = mutation.worker.as_deref(),
+        secrets = %mutation.secrets.iter().cloned().collect::<Vec<_>>().join(","),
+        hatchery = hatchery.as_deref(),
+        operations = mutation.patch.0.len(),
+        "worker pod {decision}"
+    );
+    changed.then_some(mutation.patch)
+}
+
+/// The hatchery label of the pod's protected secrets (the first secret, by name, that
+/// has one). The pod may come before its secret: then it is simply not known.
+async fn hatchery_of(
+    state: &AppState,
+    lookup: &dyn ClusterLookup,
+    namespace: &str,
+    secrets: &BTreeSet<String>,
+) -> Option<String> {
+    let reads = join_all(secrets.iter().map(|name| lookup.secret_metadata(namespace, name))).await;
+    let mut found = None;
+    for (name, read) in secrets.iter().zip(reads) {
+        match read {
+            Ok(Some(meta)) => {
+                let label = meta
+                    .labels
+                    .and_then(|mut labels| labels.remove(&state.policy.hatchery_label));
+                if found.is_none() {
+                    found = label;
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tracing::debug!(%error, secret = %name, "cannot read the secret's hatchery label"),
+        }
+    }
+    found
+}
+
+fn has_label(pod: &Pod, label: &str) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(label))
+}

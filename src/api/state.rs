@@ -1,0 +1,48 @@
+//! What every handler shares: built once, passed as `Arc<AppState>`, cheap handles only.
+
+use std::{
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
+
+use tokio::sync::Semaphore;
+
+use crate::{
+    Config,
+    config::{Limits, PolicyConfig},
+    lookup::{ClusterLookup, Metered},
+    metrics::Metrics,
+};
+
+/// The state behind the admission and probe routes.
+pub struct AppState {
+    pub(crate) policy: PolicyConfig,
+    /// Quorum reads, timed and counted.
+    pub(crate) lookup: Metered,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) request_timeout: Duration,
+    pub(crate) mutation_timeout: Duration,
+    pub(crate) limits: Limits,
+    /// One permit per request being read or answered.
+    pub(crate) requests: Arc<Semaphore>,
+    /// What `/readyz` says; false before serving and while draining.
+    pub(crate) ready: AtomicBool,
+}
+
+// === impl AppState ===
+
+impl AppState {
+    /// The state for `config`, reading the cluster through `lookup`.
+    pub fn new(config: &Config, lookup: Arc<dyn ClusterLookup>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            policy: config.policy.clone(),
+            lookup: Metered::new(lookup, metrics.clone()),
+            metrics,
+            request_timeout: config.request_timeout,
+            mutation_timeout: config.mutation_timeout,
+            limits: config.limits.clone(),
+            requests: Arc::new(Semaphore::new(config.limits.max_requests)),
+            ready: AtomicBool::new(false),
+        }
+    }
+}
