@@ -74,3 +74,37 @@ async fn restarted_guard_backfills_references() {
         .await;
     assert_eq!(owners[0].uid, pod.metadata.uid.unwrap());
 }
+
+/// The exempt namespace controller is left out by the webhook's own match conditions:
+/// a namespace full of workers is deleted while no guard answers.
+#[tokio::test]
+async fn namespace_deletion_completes_with_the_guard_down() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let guard = Guard::start();
+    let ns = TestNamespace::new("down").await;
+    for worker in ["w-d1", "w-d2", "w-d3"] {
+        ns.worker_secret(worker).await;
+        ns.worker_pod(worker).await;
+    }
+    guard.kill();
+    let refused = ns
+        .delete_secret("cds-worker-config-w-d1", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code, 500,
+        "the guard is down and the webhook fails closed: {refused:?}"
+    );
+
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(ns.client.clone());
+    namespaces.delete(&ns.name, &DeleteParams::default()).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while namespaces.get_opt(&ns.name).await.unwrap().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "namespace {} still there after 90s with the guard down",
+            ns.name
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -9,6 +9,10 @@
 #   cluster.sh env         eval "$(tests/controlplane/cluster.sh env)"
 #   cluster.sh status      what runs
 #   cluster.sh selftest    pods, secrets, GC and namespace deletion work
+#   cluster.sh sa-kubeconfig NAMESPACE SA OUT
+#                          a kubeconfig acting as that service account (a
+#                          TokenRequest token, 24 h): tests run the guard as
+#                          its shipped role, not as admin
 #   cluster.sh stop|kill|start|restart COMPONENT   fault injection: SIGTERM
 #                          (stop) or SIGKILL (kill); start waits until the
 #                          component is healthy again
@@ -17,6 +21,10 @@
 # kube-apiservers (kube-apiserver-a on the usual port, kube-apiserver-b on the
 # next one), one kube-controller-manager talking to a. Default (single) mode:
 # etcd, kube-apiserver, kube-controller-manager.
+#
+# Each apiserver writes an audit log (logs/<name>.audit.log, Metadata level, for
+# pods, secrets, namespaces and events): tests read who asked for what, and the
+# guard's auditAnnotations.
 #
 # Everything lives under <repo>/target/controlplane/: bin/, pki/, logs/, run/
 # (pid files, ports and mode), etcd/ or etcd-0..2/ (data), kubeconfig (admin,
@@ -409,7 +417,26 @@ launch_apiserver() { # launch_apiserver NAME
 		--service-cluster-ip-range=10.0.0.0/24 \
 		--allow-privileged=true \
 		--disable-admission-plugins=ServiceAccount \
-		--endpoint-reconciler-type=none
+		--endpoint-reconciler-type=none \
+		--audit-policy-file="$(audit_policy)" --audit-log-path="$logs/$name.audit.log" \
+		--audit-log-maxsize=200 --audit-log-maxbackup=1
+}
+
+# The audit policy: what the guard and the tests do, not the controllers' leases.
+audit_policy() {
+	local policy="$cp_dir/audit-policy.yaml"
+	cat >"$policy" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  resources:
+  - {group: "", resources: [pods, secrets, namespaces, events]}
+  - {group: events.k8s.io, resources: [events]}
+- level: None
+EOF
+	echo "$policy"
 }
 
 launch_kcm() {
@@ -737,7 +764,42 @@ EOF
 	echo "selftest: ok"
 }
 
+cmd_sa_kubeconfig() { # NAMESPACE SA OUT
+	local namespace=$1 sa=$2 out=$3 token
+	load_ports
+	[[ -f "$kubeconfig" ]] || die "no control plane: run '$0 up' first"
+	token="$("$bin/kubectl" --kubeconfig "$kubeconfig" -n "$namespace" create token "$sa" --duration=24h)"
+	(
+		umask 077
+		cat >"$out.tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: cds-guard-test
+  cluster:
+    server: https://127.0.0.1:$apiserver_port
+    certificate-authority-data: $(base64 -w0 <"$pki/ca.crt")
+users:
+- name: $namespace:$sa
+  user:
+    token: $token
+contexts:
+- name: cds-guard-test
+  context:
+    cluster: cds-guard-test
+    user: $namespace:$sa
+    namespace: $namespace
+current-context: cds-guard-test
+EOF
+		mv "$out.tmp" "$out"
+	)
+}
+
 case "${1:-}" in
+sa-kubeconfig)
+	[[ $# -eq 4 ]] || die "usage: $0 sa-kubeconfig NAMESPACE SA OUT"
+	cmd_sa_kubeconfig "$2" "$3" "$4"
+	;;
 up)
 	shift
 	cmd_up "$@"
@@ -748,7 +810,7 @@ status) cmd_status ;;
 selftest) cmd_selftest ;;
 stop | kill | start | restart) cmd_fault "$1" "${2:-}" ;;
 *)
-	echo "usage: $0 up [--ha] | down | env | status | selftest | stop|kill|start|restart COMPONENT" >&2
+	echo "usage: $0 up [--ha] | down | env | status | selftest | sa-kubeconfig NAMESPACE SA OUT | stop|kill|start|restart COMPONENT" >&2
 	exit 2
 	;;
 esac

@@ -48,6 +48,7 @@ fn repo() -> &'static Path {
 /// The admin kubeconfig of the local control plane, brought up once per test binary.
 pub fn control_plane() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    started();
     KUBECONFIG.get_or_init(|| {
         // `cluster.sh up` starts the single-apiserver cluster, or the HA one with CDS_CP_HA=1.
         let script = repo().join("tests/controlplane/cluster.sh");
@@ -64,6 +65,65 @@ pub fn control_plane() -> &'static Path {
     })
 }
 
+/// A kubeconfig acting as the guard's service account, bound to nothing but the shipped
+/// ClusterRole of `manifests/base/rbac.yaml`: every end-to-end guard runs as it.
+pub fn guard_kubeconfig() -> &'static Path {
+    static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    KUBECONFIG.get_or_init(|| {
+        let _ = kubectl()
+            .args(["create", "namespace", "cds-secret-guard"])
+            .output()
+            .unwrap();
+        let applied = kubectl()
+            .args(["-n", "cds-secret-guard", "apply", "-f"])
+            .arg(repo().join("manifests/base/rbac.yaml"))
+            .output()
+            .unwrap();
+        assert!(applied.status.success(), "apply rbac.yaml: {applied:?}");
+        service_account_kubeconfig("cds-secret-guard", "cds-secret-guard")
+    })
+}
+
+/// A kubeconfig for service account `namespace/name` (which must exist).
+pub fn service_account_kubeconfig(namespace: &str, name: &str) -> PathBuf {
+    let dir = repo().join("target/e2e");
+    fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{namespace}.{name}.{}.kubeconfig", std::process::id()));
+    let made = Command::new(repo().join("tests/controlplane/cluster.sh"))
+        .args(["sa-kubeconfig", namespace, name])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "sa-kubeconfig: {made:?}");
+    out
+}
+
+/// The apiserver's audit log since this test binary started (Metadata level: who asked
+/// for what, and the answer), one JSON event per entry.
+pub fn apiserver_audit() -> Vec<Value> {
+    let since = started().to_string();
+    let logs = repo().join("target/controlplane/logs");
+    let text = [
+        "kube-apiserver.audit.log",
+        "kube-apiserver-a.audit.log",
+        "kube-apiserver-b.audit.log",
+    ]
+    .iter()
+    .filter_map(|file| fs::read_to_string(logs.join(file)).ok())
+    .collect::<String>();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        // RFC 3339 timestamps in UTC compare as strings.
+        .filter(|event| event["requestReceivedTimestamp"].as_str() >= Some(since.as_str()))
+        .collect()
+}
+
+/// When this test binary first asked for the control plane.
+fn started() -> k8s_openapi::jiff::Timestamp {
+    static STARTED: OnceLock<k8s_openapi::jiff::Timestamp> = OnceLock::new();
+    *STARTED.get_or_init(k8s_openapi::jiff::Timestamp::now)
+}
+
 /// `kubectl` from the control plane, with its admin kubeconfig.
 pub fn kubectl() -> Command {
     let mut command = Command::new(repo().join("target/controlplane/bin/kubectl"));
@@ -74,6 +134,17 @@ pub fn kubectl() -> Command {
 /// A kube client for the local control plane, as admin.
 pub async fn client() -> Client {
     client_for(control_plane()).await
+}
+
+/// A kube client for the local control plane acting as `user` (admin impersonating it):
+/// what that user's RBAC allows, nothing more.
+pub async fn client_as(user: &str) -> Client {
+    let kubeconfig = Kubeconfig::read_from(control_plane()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).unwrap()
 }
 
 /// A kube client from a kubeconfig file (in HA mode: one per apiserver).
@@ -96,6 +167,9 @@ pub struct Guard {
     admission: SocketAddr,
     probes: SocketAddr,
     process: Mutex<Option<Child>>,
+    /// The kubeconfig it runs with, and extra `serve` environment.
+    kubeconfig: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 /// The guard shared by the tests of one binary: started by the first test that asks,
@@ -111,9 +185,42 @@ pub fn shared_guard() -> Arc<Guard> {
     guard
 }
 
+/// How a test guard runs: as which service account, with which extra `serve`
+/// environment, and whether (and with which extra `webhooks` flags) it is registered.
+pub struct GuardOptions {
+    pub kubeconfig: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub register: Option<Vec<String>>,
+}
+
+impl Default for GuardOptions {
+    fn default() -> Self {
+        Self {
+            kubeconfig: guard_kubeconfig().to_owned(),
+            env: Vec::new(),
+            register: Some(Vec::new()),
+        }
+    }
+}
+
 impl Guard {
-    /// Makes certificates, starts `serve`, waits until it is ready, registers it.
+    /// Makes certificates, starts `serve` as the guard's service account, waits until it
+    /// is ready, registers it.
     pub fn start() -> Self {
+        Self::start_with(GuardOptions::default())
+    }
+
+    /// Starts a guard that is not registered with the apiserver: only its reconciler
+    /// does anything, beside the registered one.
+    pub fn unregistered() -> Self {
+        Self::start_with(GuardOptions {
+            register: None,
+            ..GuardOptions::default()
+        })
+    }
+
+    /// Starts a guard as `options` say.
+    pub fn start_with(options: GuardOptions) -> Self {
         control_plane();
         let dir = repo()
             .join("target/e2e")
@@ -134,36 +241,13 @@ impl Guard {
             probes: SocketAddr::from(([127, 0, 0, 1], free_port())),
             dir,
             process: Mutex::new(None),
+            kubeconfig: options.kubeconfig,
+            env: options.env,
         };
         guard.run();
-        guard.register();
-        guard
-    }
-
-    /// Starts a guard that is not registered with the apiserver: only its reconciler
-    /// does anything, beside the registered one.
-    pub fn unregistered() -> Self {
-        control_plane();
-        let port = free_port();
-        let dir = repo()
-            .join("target/e2e")
-            .join(format!("extra-{}-{port}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let certs = dir.join("certs");
-        let status = Command::new(guard_binary())
-            .args(["certs", "--out"])
-            .arg(&certs)
-            .args(["--host", "127.0.0.1"])
-            .stdout(Stdio::null())
-            .status();
-        assert!(status.unwrap().success());
-        let guard = Self {
-            admission: SocketAddr::from(([127, 0, 0, 1], port)),
-            probes: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            dir,
-            process: Mutex::new(None),
-        };
-        guard.run();
+        if let Some(flags) = options.register {
+            guard.register(&flags);
+        }
         guard
     }
 
@@ -182,7 +266,8 @@ impl Guard {
         let certs = self.dir.join("certs");
         let child = Command::new(guard_binary())
             .arg("serve")
-            .env("KUBECONFIG", control_plane())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("CDS_GUARD_LISTEN", self.admission.to_string())
             .env("CDS_GUARD_PROBE_LISTEN", self.probes.to_string())
             .env("CDS_GUARD_TLS_CERT", certs.join("tls.crt"))
@@ -233,7 +318,7 @@ impl Guard {
     }
 
     /// Applies the output of `cds-secret-guard webhooks`, as a user would.
-    fn register(&self) {
+    fn register(&self, flags: &[String]) {
         let output = Command::new(guard_binary())
             .args([
                 "webhooks",
@@ -242,6 +327,7 @@ impl Guard {
                 "--ca-bundle",
             ])
             .arg(self.dir.join("certs/ca.crt"))
+            .args(flags)
             .output()
             .unwrap();
         assert!(
@@ -258,22 +344,28 @@ impl Guard {
             .unwrap();
         apply.stdin.take().unwrap().write_all(&output.stdout).unwrap();
         assert!(apply.wait().unwrap().success(), "kubectl apply of the webhooks failed");
-        self.wait_registered();
+        // A guard for some namespaces only is probed in the first of them.
+        let namespace = flags
+            .iter()
+            .position(|flag| flag == "--namespace")
+            .and_then(|i| flags.get(i + 1))
+            .map_or("e2e-probe", String::as_str);
+        self.wait_registered(namespace);
     }
 
     /// The apiserver picks webhook configurations up asynchronously: wait until a dry-run
     /// delete of a worker secret reaches the guard (its audit line shows up).
-    fn wait_registered(&self) {
+    fn wait_registered(&self, namespace: &str) {
         let probe = format!("cds-worker-config-probe-{}", self.admission.port());
         let _ = kubectl()
-            .args(["create", "namespace", "e2e-probe"])
+            .args(["create", "namespace", namespace])
             .stderr(Stdio::null())
             .stdout(Stdio::null())
             .status();
         let created = kubectl()
             .args([
                 "-n",
-                "e2e-probe",
+                namespace,
                 "create",
                 "secret",
                 "generic",
@@ -287,7 +379,7 @@ impl Guard {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let output = kubectl()
-                .args(["-n", "e2e-probe", "delete", "secret", &probe, "--dry-run=server"])
+                .args(["-n", namespace, "delete", "secret", &probe, "--dry-run=server"])
                 .output()
                 .unwrap();
             if self.audit_lines().iter().any(|line| line["secret"] == probe.as_str()) {
@@ -392,6 +484,40 @@ impl TestNamespace {
         }))
         .unwrap();
         self.secrets().create(&PostParams::default(), &secret).await.unwrap()
+    }
+
+    /// Applies YAML (or JSON) objects as admin.
+    pub fn apply(&self, manifest: &str) {
+        let mut apply = kubectl()
+            .args(["-n", &self.name, "apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        apply.stdin.take().unwrap().write_all(manifest.as_bytes()).unwrap();
+        assert!(apply.wait().unwrap().success(), "kubectl apply failed:\n{manifest}");
+    }
+
+    /// Lets `user` create, read and delete pods in the namespace, and nothing else.
+    pub fn grant_pods_only(&self, user: &str) {
+        self.apply(&format!(
+            r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: pods-only}}
+rules:
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [create, delete, get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: pods-only-{user}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: pods-only}}
+subjects:
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}
+"#
+        ));
     }
 
     /// Creates the worker pod `<worker>`, without labels, reading its secret.

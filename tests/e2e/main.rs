@@ -315,17 +315,90 @@ fn manifests_are_accepted_by_the_apiserver() {
             .as_str()
             .is_some_and(|v| v.starts_with("cert-manager.io/"))
     });
-    assert_eq!(issuing.len(), 2, "an Issuer and a Certificate");
-    let certificate = issuing.iter().find(|o| o["kind"] == "Certificate").unwrap();
-    assert_eq!(certificate["spec"]["secretName"], "cds-secret-guard-tls");
+    // The chain: self-signed issuer → CA certificate → CA issuer → serving certificate;
+    // the webhooks trust the CA, so a renewed serving certificate changes no caBundle.
+    let find = |kind: &str, name: &str| {
+        issuing
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+    };
+    assert_eq!(issuing.len(), 4, "two Issuers and two Certificates");
+    assert!(find("Issuer", "cds-secret-guard-selfsigned")["spec"]["selfSigned"].is_object());
+    let ca = find("Certificate", "cds-secret-guard-ca");
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(ca["spec"]["issuerRef"]["name"], "cds-secret-guard-selfsigned");
+    let ca_issuer = find("Issuer", "cds-secret-guard-ca");
+    assert_eq!(ca_issuer["spec"]["ca"]["secretName"], ca["spec"]["secretName"]);
+    let serving = find("Certificate", "cds-secret-guard");
+    assert_eq!(serving["spec"]["secretName"], "cds-secret-guard-tls");
+    assert_eq!(serving["spec"]["issuerRef"]["name"], "cds-secret-guard-ca");
     for webhook in rest
         .iter()
         .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")))
     {
         assert_eq!(
             webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
-            "cds-secret-guard/cds-secret-guard"
+            "cds-secret-guard/cds-secret-guard-ca"
         );
+    }
+    server_side_dry_run(&rest);
+}
+
+#[test]
+fn namespaced_install_holds_no_cluster_wide_secret_right() {
+    let _ = kubectl()
+        .args(["create", "namespace", "cds-secret-guard"])
+        .output()
+        .unwrap();
+    let _ = kubectl().args(["create", "namespace", "cds"]).output().unwrap();
+    let objects = render("namespaced");
+    let (issuing, rest): (Vec<_>, Vec<_>) = objects.iter().partition(|o| {
+        o["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("cert-manager.io/"))
+    });
+    assert_eq!(issuing.len(), 4);
+    // Cluster-wide, the guard may read the watched namespaces and nothing else.
+    for role in rest.iter().filter(|o| o["kind"] == "ClusterRole") {
+        let name = role["metadata"]["name"].as_str().unwrap();
+        for rule in role["rules"].as_array().unwrap() {
+            let resources = &rule["resources"];
+            assert!(
+                name == "cds-secret-guard-check" || *resources == serde_json::json!(["namespaces"]),
+                "{name} grants {rule} cluster-wide"
+            );
+        }
+    }
+    let role = rest.iter().find(|o| o["kind"] == "Role").unwrap();
+    assert_eq!(role["metadata"]["namespace"], "cds");
+    let deployment = rest.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    assert!(env.contains(&serde_json::json!({"name": "CDS_GUARD_NAMESPACES", "value": "cds"})));
+    // The webhooks are those `cds-secret-guard webhooks --namespace cds` prints.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cds-secret-guard"))
+        .args([
+            "webhooks",
+            "--service",
+            "cds-secret-guard/cds-secret-guard",
+            "--namespace",
+            "cds",
+        ])
+        .output()
+        .unwrap();
+    let printed: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .split("---\n")
+        .map(|doc| serde_saphyr::from_str(doc).unwrap())
+        .collect();
+    for webhook in rest
+        .iter()
+        .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")))
+    {
+        let twin = printed.iter().find(|p| p["kind"] == webhook["kind"]).unwrap();
+        assert_eq!(webhook["webhooks"], twin["webhooks"], "{}", webhook["kind"]);
     }
     server_side_dry_run(&rest);
 }
