@@ -6,7 +6,8 @@
 #   hack/local.sh down   unregister, stop the guard and the control plane
 #
 # Certificates go to certs/ (git-ignored); the rest lives in target/local/: guard.log,
-# guard.pid, webhooks.yaml.
+# guard.pid, webhooks.yaml, and guard.kubeconfig (the guard's service account, bound to
+# manifests/base/rbac.yaml; its token lasts 24 h: run `make run` again after that).
 # Env: CDS_GUARD_GRACE_PERIOD (default 10m here too), CDS_GUARD_LISTEN (127.0.0.1:8443),
 # CDS_GUARD_PROBE_LISTEN (127.0.0.1:8080).
 set -euo pipefail
@@ -42,7 +43,12 @@ up() {
 		while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
 	fi
 	"$guard" certs --out "$certs" --host 127.0.0.1 --host localhost >/dev/null
-	CDS_GUARD_LISTEN="$listen" CDS_GUARD_PROBE_LISTEN="$probes" \
+	# The guard runs as its service account, with the shipped role and nothing more.
+	kubectl create namespace cds-secret-guard --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+	kubectl -n cds-secret-guard apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
+	"$cluster" sa-kubeconfig cds-secret-guard cds-secret-guard "$state/guard.kubeconfig"
+	KUBECONFIG="$state/guard.kubeconfig" \
+		CDS_GUARD_LISTEN="$listen" CDS_GUARD_PROBE_LISTEN="$probes" \
 		CDS_GUARD_TLS_CERT="$certs/tls.crt" CDS_GUARD_TLS_KEY="$certs/tls.key" \
 		setsid "$guard" serve >>"$state/guard.log" 2>&1 </dev/null &
 	echo $! >"$state/guard.pid"

@@ -418,3 +418,72 @@ async fn oversize_body_is_413_and_a_1mib_secret_fits() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("cannot read request body"));
 }
+
+#[tokio::test]
+async fn a_denial_in_a_terminating_namespace_is_an_allow() {
+    let cluster = FakeCluster::with_pods([pod("w1", "uid-1", "Running", "w1")]);
+    cluster.terminating_namespaces.lock().unwrap().push("cds".into());
+    let server = server(Arc::new(cluster), policy());
+
+    for review in [secret_delete(YOUNG), secret_delete(OLD)] {
+        let (status, answer) = post(&server.router(), "/validate", review.to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    }
+    let (_, metrics) = get_text(&server.probe_router(), "/metrics").await;
+    let labels = [("decision", "allow"), ("reason", "namespace-terminating")];
+    assert_eq!(
+        counter(&metrics, "cds_secret_guard_admission_decisions_total", &labels),
+        2.0,
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_that_is_not_watched_is_not_judged() {
+    let cluster = Arc::new(FakeCluster::failing());
+    let scoped = cds_secret_guard::config::PolicyConfig {
+        namespaces: vec!["ci".into()],
+        ..policy()
+    };
+    let server = server(cluster.clone(), scoped);
+
+    let (_, answer) = post(&server.router(), "/validate", secret_delete(YOUNG).to_string()).await;
+
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(cluster.reads(), 0);
+    let (_, metrics) = get_text(&server.probe_router(), "/metrics").await;
+    assert_eq!(
+        counter(
+            &metrics,
+            "cds_secret_guard_admission_decisions_total",
+            &[("reason", "out-of-scope")]
+        ),
+        1.0
+    );
+}
+
+/// The hatchery-label reads share one deadline and run at once: a slow apiserver costs
+/// the pod its hatchery label, never its worker label.
+#[tokio::test]
+async fn slow_secret_reads_leave_only_the_hatchery_label_out() {
+    let server = Server::new(
+        cds_secret_guard::Config {
+            mutation_timeout: Duration::from_millis(300),
+            ..config(policy(), std::path::Path::new("/nonexistent"))
+        },
+        Arc::new(FakeCluster::slow(Duration::from_secs(30))),
+    );
+    let started = std::time::Instant::now();
+
+    let (status, answer) = post(&server.router(), "/mutate", review("pod-create").to_string()).await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    let patch = decoded_patch(&answer);
+    assert_eq!(
+        patch[0],
+        json!({"op": "add", "path": "/metadata/labels/CDS_WORKER_NAME", "value": "w1"})
+    );
+    assert!(!patch.to_string().contains("CDS_HATCHERY_NAME"), "{patch}");
+}

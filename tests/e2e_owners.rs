@@ -139,9 +139,30 @@ async fn check_reports_each_case() {
     ns.worker_pod_labelled("w-mis", json!({"CDS_WORKER_NAME": "someone-else"}))
         .await;
 
+    // `check` runs as a service account bound only to its shipped read-only role.
+    guard_kubeconfig();
+    let _ = kubectl()
+        .args([
+            "-n",
+            "cds-secret-guard",
+            "create",
+            "serviceaccount",
+            "cds-secret-guard-check",
+        ])
+        .output();
+    let _ = kubectl()
+        .args([
+            "create",
+            "clusterrolebinding",
+            "cds-secret-guard-check",
+            "--clusterrole=cds-secret-guard-check",
+            "--serviceaccount=cds-secret-guard:cds-secret-guard-check",
+        ])
+        .output();
+    let checker = service_account_kubeconfig("cds-secret-guard", "cds-secret-guard-check");
     let output = Command::new(env!("CARGO_BIN_EXE_cds-secret-guard"))
         .args(["check", "--namespace", &ns.name, "--output", "json"])
-        .env("KUBECONFIG", control_plane())
+        .env("KUBECONFIG", &checker)
         .output()
         .unwrap();
 
@@ -179,7 +200,7 @@ async fn check_reports_each_case() {
 
     let table = Command::new(env!("CARGO_BIN_EXE_cds-secret-guard"))
         .args(["check", "-n", &ns.name])
-        .env("KUBECONFIG", control_plane())
+        .env("KUBECONFIG", &checker)
         .output()
         .unwrap();
     let text = String::from_utf8(table.stdout).unwrap();

@@ -230,3 +230,33 @@ pub fn counter(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Runs `future` with the JSON log lines it writes (on this thread) captured; returns its
+/// output and the lines.
+pub async fn capture_logs<T>(future: impl Future<Output = T>) -> (T, String) {
+    use std::sync::Arc;
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_writer(move || writer.clone())
+        .finish();
+    let output = {
+        let _default = tracing::subscriber::set_default(subscriber);
+        future.await
+    };
+    let lines = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    (output, lines)
+}
