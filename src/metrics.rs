@@ -7,6 +7,7 @@ use prometheus_client::{
     metrics::{
         counter::Counter,
         family::Family,
+        gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
         info::Info,
     },
@@ -22,6 +23,8 @@ pub struct Metrics {
     lookup_duration: Histogram,
     lookup_errors: Counter,
     certificate_reloads: Family<ResultLabels, Counter>,
+    certificate_expiry: Gauge,
+    reconcile_errors: Counter,
     references_added: Counter,
     adoption_conflicts: Counter,
     adoption_latency: Histogram,
@@ -105,6 +108,19 @@ impl Default for Metrics {
             "Serving certificate reloads by result",
             certificate_reloads.clone(),
         );
+        let certificate_expiry = Gauge::default();
+        registry.register_with_unit(
+            "certificate_expiry_timestamp",
+            "When the serving certificate in use expires (Unix time)",
+            Unit::Seconds,
+            certificate_expiry.clone(),
+        );
+        let reconcile_errors = Counter::default();
+        registry.register(
+            "reconcile_errors",
+            "Adoption attempts that failed and will be retried",
+            reconcile_errors.clone(),
+        );
         let references_added = Counter::default();
         registry.register(
             "owner_references_added",
@@ -133,6 +149,8 @@ impl Default for Metrics {
             lookup_duration,
             lookup_errors,
             certificate_reloads,
+            certificate_expiry,
+            reconcile_errors,
             references_added,
             adoption_conflicts,
             adoption_latency,
@@ -178,6 +196,16 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+
+    /// Records when the serving certificate in use expires.
+    pub fn certificate_expiry(&self, not_after: i64) {
+        self.certificate_expiry.set(not_after);
+    }
+
+    /// Counts an adoption attempt that failed.
+    pub fn reconcile_error(&self) {
+        self.reconcile_errors.inc();
     }
 
     /// Counts an ownerReference written.

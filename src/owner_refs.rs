@@ -294,6 +294,7 @@ async fn reconcile(cached: Arc<PartialObjectMeta<Pod>>, context: Arc<Context>) -
 }
 
 fn error_policy(pod: Arc<PartialObjectMeta<Pod>>, error: &Error, context: Arc<Context>) -> Action {
+    context.reconciler.metrics.reconcile_error();
     let delay = context.next_retry(&ObjectRef::from_obj(&*pod));
     tracing::warn!(%error, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, ?delay, "cannot adopt the pod's secrets, retrying");
     Action::requeue(delay)

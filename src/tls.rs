@@ -6,7 +6,10 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::{Arc, RwLock},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicI64, Ordering},
+    },
     time::Duration,
 };
 
@@ -27,6 +30,8 @@ pub struct CertStore {
     cert_path: PathBuf,
     key_path: PathBuf,
     current: RwLock<Arc<CertifiedKey>>,
+    /// When the current certificate expires (Unix time).
+    not_after: AtomicI64,
     provider: Arc<CryptoProvider>,
 }
 
@@ -46,13 +51,19 @@ impl CertStore {
             .cloned()
             .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
         let seen = Seen::read(cert_path, key_path)?;
-        let key = certified_key(&seen, &provider)?;
+        let (key, not_after) = certified_key(&seen, &provider)?;
         Ok(Arc::new(Self {
             cert_path: cert_path.to_owned(),
             key_path: key_path.to_owned(),
             current: RwLock::new(Arc::new(key)),
+            not_after: AtomicI64::new(not_after),
             provider,
         }))
+    }
+
+    /// When the certificate in service expires (Unix time).
+    pub fn not_after(&self) -> i64 {
+        self.not_after.load(Ordering::SeqCst)
     }
 
     /// A rustls server configuration that serves the current certificate, speaking
@@ -70,6 +81,7 @@ impl CertStore {
     /// Polls the files every `interval` and swaps in a changed pair that loads, until
     /// `shutdown` is cancelled.
     pub async fn watch(self: Arc<Self>, interval: Duration, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+        metrics.certificate_expiry(self.not_after());
         let mut seen = Seen::read(&self.cert_path, &self.key_path).ok();
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -89,8 +101,10 @@ impl CertStore {
                 continue;
             }
             match certified_key(&now, &self.provider) {
-                Ok(key) => {
+                Ok((key, not_after)) => {
                     *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(key);
+                    self.not_after.store(not_after, Ordering::SeqCst);
+                    metrics.certificate_expiry(not_after);
                     metrics.certificate_reload(true);
                     tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded");
                 }
@@ -132,14 +146,20 @@ impl Seen {
     }
 }
 
-/// Parses a PEM certificate chain and key, and checks that they belong together.
-fn certified_key(seen: &Seen, provider: &CryptoProvider) -> Result<CertifiedKey> {
+/// Parses a PEM certificate chain and key, and checks that they belong together; also
+/// returns when the leaf certificate expires.
+fn certified_key(seen: &Seen, provider: &CryptoProvider) -> Result<(CertifiedKey, i64)> {
     let chain = CertificateDer::pem_slice_iter(&seen.cert)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| Error::Tls(format!("certificate: {error}")))?;
     if chain.is_empty() {
         return Err(Error::Tls("certificate file holds no certificate".to_owned()));
     }
+    let (_, leaf) =
+        x509_parser::parse_x509_certificate(&chain[0]).map_err(|error| Error::Tls(format!("certificate: {error}")))?;
+    let not_after = leaf.validity().not_after.timestamp();
     let key = PrivateKeyDer::from_pem_slice(&seen.key).map_err(|error| Error::Tls(format!("key: {error}")))?;
-    CertifiedKey::from_der(chain, key, provider).map_err(|error| Error::Tls(format!("certificate and key: {error}")))
+    let certified = CertifiedKey::from_der(chain, key, provider)
+        .map_err(|error| Error::Tls(format!("certificate and key: {error}")))?;
+    Ok((certified, not_after))
 }

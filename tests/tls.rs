@@ -210,6 +210,12 @@ async fn certificate_rotation_by_symlink_swap_under_load() {
         ),
         1.0
     );
+    let (_, leaf) = x509_parser::parse_x509_certificate(&new_cert).unwrap();
+    assert_eq!(
+        counter(&metrics, "cds_secret_guard_certificate_expiry_timestamp_seconds", &[]),
+        leaf.validity().not_after.timestamp() as f64,
+        "the expiry of the certificate in service"
+    );
     server.shutdown.cancel();
 }
 
