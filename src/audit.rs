@@ -1,10 +1,26 @@
 //! The audit trail of secret-delete decisions: one structured log line per decision on
 //! a worker secret, and the `auditAnnotations` the apiserver writes to its audit log.
 //! Only metadata is ever recorded: secret data never reaches this module.
+//!
+//! A cleanup loop can ask for the same refused delete thousands of times. The first of a
+//! run of identical decisions (same secret, decision, reason, requester, dry run) is
+//! written at once; the repeats within the window are counted and written as one summary
+//! line (`repeated`, `first_seen`, `last_seen`) when the window closes. Nothing is
+//! dropped without a line that counts it.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::jiff::Timestamp;
+use tokio_util::sync::CancellationToken;
 
 use crate::policy::{SecretDelete, Verdict};
+
+/// The log target of audit lines; `RUST_LOG` does not filter it (see [`crate::telemetry`]).
+pub const TARGET: &str = "cds_secret_guard::audit";
 
 /// Who asked, as the audit line records it.
 #[derive(Debug, Clone, Copy)]
@@ -13,6 +29,33 @@ pub struct Requester<'a> {
     pub uid: &'a str,
     /// Whether the request is a dry run.
     pub dry_run: bool,
+}
+
+/// The audit trail, with its memory of recent decisions for summarising repeats.
+#[derive(Debug)]
+pub struct AuditLog {
+    window: Duration,
+    recent: Mutex<HashMap<Key, Repeats>>,
+}
+
+/// What makes two decisions identical.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    namespace: String,
+    secret: String,
+    decision: &'static str,
+    reason: &'static str,
+    user: Option<String>,
+    dry_run: bool,
+}
+
+/// The repeats of a decision since its last line.
+#[derive(Debug)]
+struct Repeats {
+    opened: Instant,
+    count: u64,
+    first: Option<Timestamp>,
+    last: Option<Timestamp>,
 }
 
 /// What the decision was, as written to the log and the metrics.
@@ -24,14 +67,109 @@ pub fn outcome(verdict: &Verdict, enforced: bool) -> &'static str {
     }
 }
 
-/// Writes the audit line for a decision on a worker secret (and for any denial).
-pub fn record(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict, enforced: bool) {
-    if !verdict.is_protected() && verdict.allowed {
-        return;
+// === impl AuditLog ===
+
+impl AuditLog {
+    /// An audit trail summarising identical decisions over `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            recent: Mutex::default(),
+        }
     }
+
+    /// Records a decision on a worker secret (and any denial): a line now, or a count
+    /// for the summary when it repeats one written within the window.
+    pub fn record(&self, request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict, enforced: bool) {
+        if !verdict.is_protected() && verdict.allowed {
+            return;
+        }
+        let key = Key {
+            namespace: request.namespace.to_owned(),
+            secret: request.name.to_owned(),
+            decision: outcome(verdict, enforced),
+            reason: verdict.reason.code(),
+            user: request.username.map(str::to_owned),
+            dry_run: requester.dry_run,
+        };
+        let now = Instant::now();
+        let previous = {
+            let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match recent.get_mut(&key) {
+                Some(repeats) if now.duration_since(repeats.opened) < self.window => {
+                    let at = Timestamp::now();
+                    repeats.first.get_or_insert(at);
+                    repeats.last = Some(at);
+                    repeats.count += 1;
+                    return;
+                }
+                _ => recent.insert(
+                    key.clone(),
+                    Repeats {
+                        opened: now,
+                        count: 0,
+                        first: None,
+                        last: None,
+                    },
+                ),
+            }
+        };
+        if let Some(previous) = previous {
+            summary(&key, &previous);
+        }
+        line(request, requester, verdict, enforced);
+    }
+
+    /// Writes the summaries of the windows that have closed.
+    pub fn flush_expired(&self) {
+        let now = Instant::now();
+        let closed: Vec<(Key, Repeats)> = {
+            let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let keys: Vec<Key> = recent
+                .iter()
+                .filter(|(_, repeats)| now.duration_since(repeats.opened) >= self.window)
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|key| recent.remove(&key).map(|repeats| (key, repeats)))
+                .collect()
+        };
+        for (key, repeats) in closed {
+            summary(&key, &repeats);
+        }
+    }
+
+    /// Writes every pending summary (at shutdown).
+    pub fn flush_all(&self) {
+        let all: Vec<(Key, Repeats)> = self
+            .recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .drain()
+            .collect();
+        for (key, repeats) in all {
+            summary(&key, &repeats);
+        }
+    }
+
+    /// Closes windows as they expire, until `stop` (the server then calls
+    /// [`AuditLog::flush_all`] once the last request is answered).
+    pub async fn run(self: std::sync::Arc<Self>, stop: CancellationToken) {
+        let mut ticks = tokio::time::interval(self.window.max(Duration::from_millis(10)) / 2);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => self.flush_expired(),
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// The line of one decision.
+fn line(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict, enforced: bool) {
     let pod = verdict.pod.as_ref();
     tracing::info!(
-        target: "cds_secret_guard::audit",
+        target: TARGET,
         audit = true,
         namespace = request.namespace,
         secret = request.name,
@@ -47,6 +185,27 @@ pub fn record(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Ve
         dry_run = requester.dry_run,
         detail = %verdict.message,
         "secret delete {}", outcome(verdict, enforced),
+    );
+}
+
+/// The line that accounts for the repeats of a decision, if there were any.
+fn summary(key: &Key, repeats: &Repeats) {
+    if repeats.count == 0 {
+        return;
+    }
+    tracing::info!(
+        target: TARGET,
+        audit = true,
+        namespace = key.namespace,
+        secret = key.secret,
+        decision = key.decision,
+        reason = key.reason,
+        user = key.user.as_deref(),
+        dry_run = key.dry_run,
+        repeated = repeats.count,
+        first_seen = repeats.first.map(|t| t.to_string()),
+        last_seen = repeats.last.map(|t| t.to_string()),
+        "secret delete {} repeated {} times", key.decision, repeats.count,
     );
 }
 

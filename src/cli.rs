@@ -107,6 +107,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CDS_GUARD_IDLE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
 
+    /// Identical audit lines (same secret, decision, reason, requester) within this
+    /// window are written once, then summarised with their count.
+    #[arg(long, env = "CDS_GUARD_AUDIT_SUMMARY_WINDOW", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub audit_summary_window: Duration,
+
     /// Log format.
     #[arg(long, env = "CDS_GUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,
@@ -273,6 +278,7 @@ impl ServeArgs {
             tls_reload_interval: self.tls_reload_interval,
             request_timeout: self.request_timeout,
             mutation_timeout: self.mutation_timeout,
+            audit_window: self.audit_summary_window,
             shutdown_timeout: self.shutdown_timeout,
             limits: Limits {
                 max_connections: self.max_connections,

@@ -19,6 +19,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Deadline of a pod CREATE review (the pod webhook waits 2 s at most).
     pub mutation_timeout: Duration,
+    /// Identical audit lines within this window are summarised in one line.
+    pub audit_window: Duration,
     /// Grace given to in-flight requests on SIGTERM, once the drain delay is over.
     pub shutdown_timeout: Duration,
     /// How the admission server bounds what clients may hold.

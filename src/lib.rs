@@ -12,7 +12,7 @@
 //! - [`mutation`]: the pod-CREATE patch (pure);
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
-//! - [`audit`], [`metrics`], [`telemetry`]: what operators see;
+//! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
 //! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
 //! - [`check`]: the report on protected secrets in a running system.
 
@@ -23,6 +23,7 @@ pub mod certs;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod events;
 pub mod lookup;
 pub mod metrics;
 pub mod mutation;

@@ -22,7 +22,8 @@ async fn main() -> anyhow::Result<ExitCode> {
 
     match cli.command {
         Command::Serve(args) => {
-            telemetry::init(args.log_format);
+            // Held until exit: dropping it flushes the buffered log lines.
+            let _logs = telemetry::init(args.log_format);
             let server = Server::from_config(args.into_config()).await;
             let bound = server.bind().await.context("cannot start the server")?;
             let shutdown = CancellationToken::new();

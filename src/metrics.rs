@@ -25,6 +25,7 @@ pub struct Metrics {
     certificate_reloads: Family<ResultLabels, Counter>,
     certificate_expiry: Gauge,
     reconcile_errors: Counter,
+    events_dropped: Counter,
     references_added: Counter,
     adoption_conflicts: Counter,
     adoption_latency: Histogram,
@@ -121,6 +122,12 @@ impl Default for Metrics {
             "Adoption attempts that failed and will be retried",
             reconcile_errors.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events not recorded because the queue to the apiserver was full",
+            events_dropped.clone(),
+        );
         let references_added = Counter::default();
         registry.register(
             "owner_references_added",
@@ -151,6 +158,7 @@ impl Default for Metrics {
             certificate_reloads,
             certificate_expiry,
             reconcile_errors,
+            events_dropped,
             references_added,
             adoption_conflicts,
             adoption_latency,
@@ -206,6 +214,11 @@ impl Metrics {
     /// Counts an adoption attempt that failed.
     pub fn reconcile_error(&self) {
         self.reconcile_errors.inc();
+    }
+
+    /// Counts an Event dropped for a full queue.
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     /// Counts an ownerReference written.

@@ -43,7 +43,14 @@ use kube::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, Result, config::PolicyConfig, lookup::PodState, metrics::Metrics, mutation::referenced_secrets};
+use crate::{
+    Error, Result,
+    config::PolicyConfig,
+    events::{Events, secret_reference},
+    lookup::PodState,
+    metrics::Metrics,
+    mutation::referenced_secrets,
+};
 
 /// How many pods are reconciled at once.
 const CONCURRENCY: u16 = 16;
@@ -60,6 +67,7 @@ pub struct Reconciler {
     client: Client,
     policy: PolicyConfig,
     metrics: Arc<Metrics>,
+    events: Events,
 }
 
 /// What an adoption attempt did to one secret.
@@ -106,11 +114,12 @@ struct Context {
 
 impl Reconciler {
     /// A reconciler writing through `client`.
-    pub fn new(client: Client, policy: PolicyConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(client: Client, policy: PolicyConfig, metrics: Arc<Metrics>, events: Events) -> Arc<Self> {
         Arc::new(Self {
             client,
             policy,
             metrics,
+            events,
         })
     }
 
@@ -226,9 +235,11 @@ impl Reconciler {
                 .patch_metadata(secret, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => {
+                Ok(patched) => {
                     self.metrics.reference_added();
                     tracing::info!(%namespace, %secret, pod = ?pod.metadata.name, %uid, "ownerReference added");
+                    let secret = secret_reference(namespace, secret, patched.metadata.uid.as_deref());
+                    self.events.adopted(secret, pod_object_reference(pod));
                     return Ok(Adoption::Added);
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => self.metrics.adoption_conflict(),
@@ -339,6 +350,18 @@ impl Context {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(pod);
         Action::await_change()
+    }
+}
+
+/// A reference to a pod, for an event that names it.
+fn pod_object_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        namespace: pod.metadata.namespace.clone(),
+        name: pod.metadata.name.clone(),
+        uid: pod.metadata.uid.clone(),
+        ..Default::default()
     }
 }
 

@@ -36,6 +36,7 @@ use crate::{
     Config, Error, Result,
     api::{self, AppState},
     config::Limits,
+    events::Events,
     lookup::{ClusterLookup, KubeLookup, Unavailable},
     metrics::Metrics,
     owner_refs::Reconciler,
@@ -61,10 +62,18 @@ pub struct Bound {
 
 impl Server {
     /// Builds the server with a Kubernetes client from the standard places (`KUBECONFIG`,
-    /// in-cluster). Without any configuration it still starts, and fails closed.
+    /// in-cluster): quorum reads, the ownerReference reconciler and Events. Without any
+    /// configuration it still starts, and fails closed.
     pub async fn from_config(config: Config) -> Self {
         match kube::Client::try_default().await {
-            Ok(client) => Self::new(config, Arc::new(KubeLookup::new(client.clone()))).with_reconciler(client),
+            Ok(client) => {
+                let metrics = Arc::new(Metrics::default());
+                let events = Events::spawn(client.clone(), metrics.clone());
+                let policy = config.policy.clone();
+                let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone());
+                let lookup = Arc::new(KubeLookup::new(client));
+                Self::build(config, lookup, metrics, events, Some(reconciler))
+            }
             Err(error) => {
                 tracing::error!(%error, "no Kubernetes client: every worker-secret delete will be denied");
                 Self::new(config, Arc::new(Unavailable(error.to_string())))
@@ -72,24 +81,24 @@ impl Server {
         }
     }
 
-    /// Also runs the ownerReference reconciler, through `client`.
-    pub fn with_reconciler(mut self, client: kube::Client) -> Self {
-        self.reconciler = Some(Reconciler::new(
-            client,
-            self.config.policy.clone(),
-            self.state.metrics.clone(),
-        ));
-        self
+    /// Builds the server with the given cluster reads (tests pass a fake), without a
+    /// reconciler or Events.
+    pub fn new(config: Config, lookup: Arc<dyn ClusterLookup>) -> Self {
+        Self::build(config, lookup, Arc::new(Metrics::default()), Events::default(), None)
     }
 
-    /// Builds the server with the given cluster reads (tests pass a fake).
-    pub fn new(config: Config, lookup: Arc<dyn ClusterLookup>) -> Self {
-        let metrics = Arc::new(Metrics::default());
-        let state = Arc::new(AppState::new(&config, lookup, metrics));
+    fn build(
+        config: Config,
+        lookup: Arc<dyn ClusterLookup>,
+        metrics: Arc<Metrics>,
+        events: Events,
+        reconciler: Option<Arc<Reconciler>>,
+    ) -> Self {
+        let state = Arc::new(AppState::new(&config, lookup, metrics, events));
         Self {
             config,
             state,
-            reconciler: None,
+            reconciler,
         }
     }
 
@@ -155,6 +164,8 @@ impl Bound {
         if let Some(reconciler) = reconciler {
             tokio::spawn(reconciler.run(shutdown.clone()));
         }
+        let audit_done = CancellationToken::new();
+        tokio::spawn(state.audit.clone().run(audit_done.clone()));
 
         // The probes outlive the admission server: /readyz says 503 while it drains.
         let probes_done = CancellationToken::new();
@@ -195,6 +206,8 @@ impl Bound {
         if !connections.close(config.shutdown_timeout).await {
             tracing::warn!("requests still in flight after the shutdown timeout");
         }
+        audit_done.cancel();
+        state.audit.flush_all();
         probes_done.cancel();
         match probe_task.await {
             Ok(result) => result.map_err(|source| Error::Bind {

@@ -1,24 +1,49 @@
 //! Logging: `RUST_LOG` filters (default `info`); JSON lines by default so that audit
 //! lines are machine-readable, text on request.
+//!
+//! Audit lines (target [`crate::audit::TARGET`]) have a layer of their own that
+//! `RUST_LOG` does not filter: an operator who quiets a busy guard with `RUST_LOG=warn`
+//! keeps the audit trail. Lines go through a non-blocking writer (a request never waits
+//! for stdout) that is not lossy: when the buffer is full, writers wait rather than drop.
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
+use tracing_subscriber::{
+    EnvFilter, Layer,
+    filter::{FilterExt, filter_fn},
+    fmt,
+    prelude::*,
+};
 
-use crate::cli::LogFormat;
+use crate::{audit, cli::LogFormat};
 
-/// Installs the global subscriber. Logs go to stdout.
-pub fn init(format: LogFormat) {
+/// Installs the global subscriber; logs go to stdout. Keep the guard until exit: dropping
+/// it flushes the lines still buffered.
+pub fn init(format: LogFormat) -> WorkerGuard {
+    let (writer, guard) = NonBlockingBuilder::default().lossy(false).finish(std::io::stdout());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
-    match format {
-        LogFormat::Json => registry
-            .with(
+    let is_audit = || filter_fn(|meta| meta.target() == audit::TARGET);
+    let (logs, audit) = match format {
+        LogFormat::Json => {
+            let layer = || {
                 fmt::layer()
                     .json()
                     .flatten_event(true)
                     .with_current_span(true)
-                    .with_span_list(false),
-            )
-            .init(),
-        LogFormat::Text => registry.with(fmt::layer()).init(),
-    }
+                    .with_span_list(false)
+                    .with_writer(writer.clone())
+            };
+            (layer().boxed(), layer().boxed())
+        }
+        LogFormat::Text => {
+            let layer = || fmt::layer().with_writer(writer.clone());
+            (layer().boxed(), layer().boxed())
+        }
+    };
+    tracing_subscriber::registry()
+        .with(vec![
+            logs.with_filter(filter.and(is_audit().not())).boxed(),
+            audit.with_filter(is_audit()).boxed(),
+        ])
+        .init();
+    guard
 }

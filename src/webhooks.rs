@@ -85,7 +85,8 @@ pub fn configurations(
             client_config: client("/validate"),
             rules: Some(vec![rule("DELETE", "secrets")]),
             failure_policy: Some("Fail".to_owned()),
-            side_effects: "None".to_owned(),
+            // A denial records an Event on the secret; a dry run records nothing.
+            side_effects: "NoneOnDryRun".to_owned(),
             timeout_seconds: Some(args.timeout_seconds),
             admission_review_versions: vec!["v1".to_owned()],
             match_policy: Some("Equivalent".to_owned()),
@@ -275,7 +276,7 @@ mod tests {
             Some("https://127.0.0.1:8443/validate")
         );
         assert_eq!(secret.failure_policy.as_deref(), Some("Fail"));
-        assert_eq!(secret.side_effects, "None");
+        assert_eq!(secret.side_effects, "NoneOnDryRun");
         assert!(secret.timeout_seconds.is_some_and(|t| t <= 5));
         assert_eq!(secret.admission_review_versions, ["v1"]);
         let excluded = secret

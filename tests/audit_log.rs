@@ -59,3 +59,109 @@ async fn a_decision_past_the_request_deadline_is_denied_and_audited() {
     assert_eq!(audit["reason"], "lookup-failed");
     assert_eq!(audit["worker"], "w1");
 }
+
+/// The real binary, quieted with `RUST_LOG=warn`, still writes every decision: the first
+/// of a run of identical denials at once, the rest as one summary line with their count.
+#[tokio::test]
+async fn the_audit_trail_ignores_rust_log_and_summarises_repeats() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    cds_secret_guard::certs::write(dir.path(), &["localhost".to_owned()]).unwrap();
+    let port = |_| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (admission, probes) = (port(()), port(()));
+    let guard = std::process::Command::new(env!("CARGO_BIN_EXE_cds-secret-guard"))
+        .arg("serve")
+        .env("KUBECONFIG", dir.path().join("none"))
+        .env("RUST_LOG", "warn")
+        .env("CDS_GUARD_LISTEN", format!("127.0.0.1:{admission}"))
+        .env("CDS_GUARD_PROBE_LISTEN", format!("127.0.0.1:{probes}"))
+        .env("CDS_GUARD_TLS_CERT", dir.path().join("tls.crt"))
+        .env("CDS_GUARD_TLS_KEY", dir.path().join("tls.key"))
+        .env("CDS_GUARD_AUDIT_SUMMARY_WINDOW", "1s")
+        .env("CDS_GUARD_DRAIN_DELAY", "0s")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.path().join("ca.crt")).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .tls_built_in_root_certs(false)
+        .build()
+        .unwrap();
+    let url = format!("https://localhost:{admission}/validate");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while client
+        .get(format!("https://localhost:{admission}/"))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "the guard did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A cleanup loop asking 50 times, then another secret once.
+    for _ in 0..50 {
+        let answer: Value = client
+            .post(&url)
+            .json(&secret_delete(Duration::from_secs(5)))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["response"]["allowed"], false);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let other = set(
+        secret_delete(Duration::from_secs(5)),
+        "/request/name",
+        "cds-worker-config-w2".into(),
+    );
+    let other = set(other, "/request/oldObject/metadata/name", "cds-worker-config-w2".into());
+    let other = set(other, "/request/oldObject/metadata/labels/CDS_WORKER_NAME", "w2".into());
+    client.post(&url).json(&other).send().await.unwrap();
+
+    let stopping = std::time::Instant::now();
+    nix_kill_term(guard.id());
+    // Waited for off the runtime, whose client connection must answer the server's goodbye.
+    let output = tokio::task::spawn_blocking(move || guard.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "an idle client held the shutdown for {:?}",
+        stopping.elapsed()
+    );
+    let lines: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .filter(|line: &Value| line["audit"] == true)
+        .collect();
+    let of = |secret: &str| lines.iter().filter(|l| l["secret"] == secret).collect::<Vec<_>>();
+    let first = of("cds-worker-config-w1");
+    assert_eq!(first.len(), 2, "one line, then one summary: {first:?}");
+    assert_eq!(first[0]["reason"], "too-young");
+    assert!(first[0]["repeated"].is_null());
+    assert_eq!(first[1]["repeated"], 49, "{}", first[1]);
+    assert!(first[1]["first_seen"].is_string() && first[1]["last_seen"].is_string());
+    assert_eq!(of("cds-worker-config-w2").len(), 1);
+}
+
+/// SIGTERM, as Kubernetes stops a pod.
+fn nix_kill_term(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}

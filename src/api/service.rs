@@ -19,6 +19,7 @@ use super::AppState;
 use crate::{
     audit::{self, Requester},
     config::Mode,
+    events,
     lookup::{ClusterLookup, Deadline},
     mutation,
     policy::{self, Reason, SecretDelete, Verdict},
@@ -62,7 +63,15 @@ pub async fn validate_delete(
         uid: &request.uid,
         dry_run: request.dry_run,
     };
-    audit::record(&delete, requester, &verdict, enforced);
+    state.audit.record(&delete, requester, &verdict, enforced);
+    // A dry run has no side effect (the webhook says `sideEffects: NoneOnDryRun`).
+    if enforced && !verdict.allowed && !request.dry_run {
+        let uid = old_object.and_then(|secret| secret.uid.as_deref());
+        let secret = events::secret_reference(delete.namespace, delete.name, uid);
+        state
+            .events
+            .delete_denied(secret, verdict.reason.code(), &verdict.message);
+    }
     let outcome = audit::outcome(&verdict, enforced);
     state.metrics.decision("DELETE", outcome, verdict.reason.code());
     respond(request, &verdict, enforced)

@@ -9,7 +9,9 @@ use tokio::sync::Semaphore;
 
 use crate::{
     Config,
+    audit::AuditLog,
     config::{Limits, PolicyConfig},
+    events::Events,
     lookup::{ClusterLookup, Metered},
     metrics::Metrics,
 };
@@ -20,6 +22,9 @@ pub struct AppState {
     /// Quorum reads, timed and counted.
     pub(crate) lookup: Metered,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) audit: Arc<AuditLog>,
+    /// Events on secrets; a side effect, never awaited.
+    pub(crate) events: Events,
     pub(crate) request_timeout: Duration,
     pub(crate) mutation_timeout: Duration,
     pub(crate) limits: Limits,
@@ -33,11 +38,13 @@ pub struct AppState {
 
 impl AppState {
     /// The state for `config`, reading the cluster through `lookup`.
-    pub fn new(config: &Config, lookup: Arc<dyn ClusterLookup>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: &Config, lookup: Arc<dyn ClusterLookup>, metrics: Arc<Metrics>, events: Events) -> Self {
         Self {
             policy: config.policy.clone(),
             lookup: Metered::new(lookup, metrics.clone()),
             metrics,
+            audit: Arc::new(AuditLog::new(config.audit_window)),
+            events,
             request_timeout: config.request_timeout,
             mutation_timeout: config.mutation_timeout,
             limits: config.limits.clone(),

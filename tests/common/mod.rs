@@ -78,6 +78,7 @@ pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
         tls_reload_interval: Duration::from_millis(100),
         request_timeout: Duration::from_secs(4),
         mutation_timeout: Duration::from_secs(1),
+        audit_window: Duration::from_secs(60),
         shutdown_timeout: Duration::from_secs(10),
         limits: Limits {
             drain_delay: Duration::from_millis(200),

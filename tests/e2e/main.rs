@@ -402,3 +402,76 @@ fn namespaced_install_holds_no_cluster_wide_secret_right() {
     }
     server_side_dry_run(&rest);
 }
+
+/// Events as `kubectl events --for secret/NAME` shows them (`kubectl describe secret`
+/// lists no events for any secret: kubectl's SecretDescriber never asks for them, v1.36
+/// `describe.go`). A refused delete leaves one
+/// `DeleteDenied` (repeats fold into it, dry runs leave nothing) and an adoption one
+/// `Adopted`.
+#[tokio::test]
+async fn denials_and_adoptions_are_events_on_the_secret() {
+    let _guard = shared_guard();
+    let ns = TestNamespace::new("events").await;
+    ns.worker_secret("w-ev").await;
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    ns.delete_secret("cds-worker-config-w-ev", &dry_run).await.unwrap_err();
+    for _ in 0..5 {
+        ns.delete_secret("cds-worker-config-w-ev", &DeleteParams::default())
+            .await
+            .unwrap_err();
+    }
+    let pod = ns.worker_pod("w-ev").await;
+    ns.owner_references("cds-worker-config-w-ev", Duration::from_secs(10))
+        .await;
+
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(ns.client.clone(), &ns.name);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (denied, adopted) = loop {
+        let listed = events.list(&Default::default()).await.unwrap().items;
+        let of = |reason: &str| {
+            listed
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let (denied, adopted) = (of("DeleteDenied"), of("Adopted"));
+        if !denied.is_empty() && !adopted.is_empty() {
+            break (denied, adopted);
+        }
+        assert!(std::time::Instant::now() < deadline, "events so far: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(denied.len(), 1, "five refusals, one event: {denied:?}");
+    let denial = &denied[0];
+    assert_eq!(denial.type_.as_deref(), Some("Warning"));
+    assert_eq!(denial.action.as_deref(), Some("TooYoung"));
+    assert!(
+        denial
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("cannot be deleted within 4s of creation"),
+        "{denial:?}"
+    );
+    let regarding = denial.regarding.as_ref().unwrap();
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref()),
+        (Some("Secret"), Some("cds-worker-config-w-ev"))
+    );
+    assert_eq!(adopted.len(), 1);
+    assert_eq!(
+        adopted[0].related.as_ref().and_then(|r| r.uid.clone()),
+        pod.metadata.uid
+    );
+
+    let described = kubectl()
+        .args(["-n", &ns.name, "events", "--for", "secret/cds-worker-config-w-ev"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&described.stdout);
+    assert!(text.contains("DeleteDenied") && text.contains("Adopted"), "{text}");
+}

@@ -1,0 +1,183 @@
+//! Kubernetes Events on worker secrets, so that `kubectl describe secret` says why a
+//! secret is still there (`DeleteDenied`) and which pod owns it (`Adopted`).
+//!
+//! An Event is a side effect, never part of the answer: the handlers and the reconciler
+//! hand a note to a bounded queue and go on; one task publishes through kube's event
+//! recorder, which folds repeats into an event series. A cleanup loop refused every few
+//! seconds must not write to etcd every few seconds, so a note that repeats one published
+//! less than [`REPEAT_INTERVAL`] ago is left out (the audit trail counts every one).
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{
+    Client,
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+
+/// Notes waiting to be published at most; past it, new ones are dropped and counted.
+const QUEUE: usize = 1024;
+
+/// The least time between two publications of the same note.
+pub const REPEAT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Where the guard's notes go: a queue to the publishing task, or nowhere when there is
+/// no Kubernetes client.
+#[derive(Debug, Clone, Default)]
+pub struct Events {
+    queue: Option<mpsc::Sender<Note>>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// What happened to a secret.
+#[derive(Debug)]
+struct Note {
+    secret: ObjectReference,
+    reason: &'static str,
+    /// Also the event series key: one series per kind of refusal.
+    action: String,
+    message: String,
+    related: Option<ObjectReference>,
+}
+
+// === impl Events ===
+
+impl Events {
+    /// Starts the publishing task; it ends when the last handle is dropped.
+    pub fn spawn(client: Client, metrics: Arc<Metrics>) -> Self {
+        let (queue, notes) = mpsc::channel(QUEUE);
+        let instance = std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok());
+        let reporter = Reporter {
+            controller: "cds-secret-guard".to_owned(),
+            instance,
+        };
+        tokio::spawn(publish(Recorder::new(client, reporter), notes));
+        Self {
+            queue: Some(queue),
+            metrics: Some(metrics),
+        }
+    }
+
+    /// A delete of `secret` was refused, for `reason` (a rule's code).
+    pub fn delete_denied(&self, secret: ObjectReference, reason: &str, message: &str) {
+        self.send(Note {
+            secret,
+            reason: "DeleteDenied",
+            action: deny_action(reason),
+            message: message.to_owned(),
+            related: None,
+        });
+    }
+
+    /// `secret` got an ownerReference to `pod`.
+    pub fn adopted(&self, secret: ObjectReference, pod: ObjectReference) {
+        let message = format!(
+            "owned by pod {} (uid {}): deleted with it",
+            pod.name.as_deref().unwrap_or_default(),
+            pod.uid.as_deref().unwrap_or_default()
+        );
+        self.send(Note {
+            secret,
+            reason: "Adopted",
+            action: "AddOwnerReference".to_owned(),
+            message,
+            related: Some(pod),
+        });
+    }
+
+    fn send(&self, note: Note) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        if queue.try_send(note).is_err()
+            && let Some(metrics) = &self.metrics
+        {
+            metrics.event_dropped();
+        }
+    }
+}
+
+/// `TooYoung` for `too-young`: the action names the rule, so each kind of refusal is a
+/// series of its own with its own message.
+fn deny_action(reason: &str) -> String {
+    reason
+        .split('-')
+        .map(|word| {
+            let mut chars = word.chars();
+            chars
+                .next()
+                .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Publishes the queued notes, each at most once per [`REPEAT_INTERVAL`].
+async fn publish(recorder: Recorder, mut notes: mpsc::Receiver<Note>) {
+    let mut published: HashMap<(Option<String>, Option<String>, String), Instant> = HashMap::new();
+    while let Some(note) = notes.recv().await {
+        let now = Instant::now();
+        let key = (
+            note.secret.namespace.clone(),
+            note.secret.name.clone(),
+            note.action.clone(),
+        );
+        if published
+            .get(&key)
+            .is_some_and(|last| now.duration_since(*last) < REPEAT_INTERVAL)
+        {
+            continue;
+        }
+        if published.len() > QUEUE {
+            published.retain(|_, last| now.duration_since(*last) < REPEAT_INTERVAL);
+        }
+        published.insert(key, now);
+        let event = Event {
+            type_: if note.reason == "DeleteDenied" {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.to_owned(),
+            note: Some(note.message),
+            action: note.action,
+            secondary: note.related,
+        };
+        if let Err(error) = recorder.publish(&event, &note.secret).await {
+            tracing::warn!(%error, secret = ?note.secret.name, "cannot record an event");
+        }
+    }
+}
+
+/// A reference to a secret, for an event about it.
+pub fn secret_reference(namespace: &str, name: &str, uid: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Secret".to_owned()),
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        uid: uid.map(str::to_owned),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_name_the_rule() {
+        assert_eq!(deny_action("too-young"), "TooYoung");
+        assert_eq!(deny_action("pod-live"), "PodLive");
+        assert_eq!(deny_action("lookup-failed"), "LookupFailed");
+    }
+}
