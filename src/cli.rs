@@ -7,6 +7,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Config, Limits, Mode, PolicyConfig};
 
+/// The name the binary answers to as a kubectl plugin (`kubectl cds-guard check`).
+pub const KUBECTL_PLUGIN: &str = "kubectl-cds_guard";
+
 /// Keeps CDS worker secrets alive while their pods need them.
 #[derive(Debug, Parser)]
 #[command(name = "cds-secret-guard", version, about)]
@@ -176,6 +179,14 @@ pub struct CheckArgs {
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 
+    /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+
     /// Which secrets are protected, as given to `serve`.
     #[command(flatten)]
     pub secrets: SecretArgs,
@@ -244,6 +255,29 @@ pub struct WebhooksArgs {
     /// Seconds the apiserver waits for the guard on a secret delete (at most 5).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=5))]
     pub timeout_seconds: i32,
+}
+
+// === impl Cli ===
+
+impl Cli {
+    /// Parses the command line; invoked as `kubectl-cds_guard` (kubectl runs it for
+    /// `kubectl cds-guard …`), the help says so.
+    pub fn parse_args() -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let invoked = std::env::args_os().next().map(PathBuf::from);
+        let as_plugin = invoked
+            .as_deref()
+            .and_then(|path| path.file_name())
+            .is_some_and(|name| name == KUBECTL_PLUGIN);
+        let command = Self::command();
+        let command = if as_plugin {
+            command.bin_name("kubectl cds-guard")
+        } else {
+            command
+        };
+        let matches = command.get_matches();
+        Self::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    }
 }
 
 // === impl SecretArgs ===

@@ -8,12 +8,11 @@ use cds_secret_guard::{
     cli::{Cli, Command, OutputFormat},
     telemetry, webhooks,
 };
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     // Both kube's client and the server use rustls; pick the provider once, before either
     // builds a configuration, so neither has to guess.
     rustls::crypto::ring::default_provider()
@@ -41,7 +40,9 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::Webhooks(args) => print!("{}", webhooks::render(&args)?),
         Command::Check(args) => {
-            let client = kube::Client::try_default().await.context("no Kubernetes client")?;
+            let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())
+                .await
+                .context("no Kubernetes client")?;
             let namespace = match (&args.namespace, args.all_namespaces) {
                 (_, true) => None,
                 (Some(namespace), false) => Some(namespace.clone()),

@@ -209,4 +209,38 @@ async fn check_reports_each_case() {
             .any(|l| l.contains("cds-worker-config-w-gone") && l.ends_with("orphan")),
         "{text}"
     );
+
+    // The same binary as a kubectl plugin, with kubectl's flags.
+    let plugins = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_cds-secret-guard"),
+        plugins.path().join("kubectl-cds_guard"),
+    )
+    .unwrap();
+    let path = format!("{}:{}", plugins.path().display(), std::env::var("PATH").unwrap());
+    let plugin = kubectl()
+        .args([
+            "cds-guard",
+            "check",
+            "-n",
+            &ns.name,
+            "-o",
+            "json",
+            "--context",
+            "cds-guard-test",
+        ])
+        .arg("--kubeconfig")
+        .arg(&checker)
+        .env("PATH", path)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(
+        plugin.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&plugin.stderr)
+    );
+    let through_kubectl: Vec<Value> = serde_json::from_slice(&plugin.stdout).unwrap();
+    assert_eq!(through_kubectl.len(), reports.len());
 }
