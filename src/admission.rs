@@ -1,20 +1,21 @@
 //! AdmissionReview in and out: decoding a request body, telling a request we handle from
 //! one we let through, and encoding the response the apiserver expects.
 
+use std::collections::HashMap;
+
 use axum::{
     Json,
     body::Bytes,
     extract::{FromRequest, Request},
-    http::StatusCode,
+    http::{StatusCode, header},
     response::{IntoResponse, Response},
 };
-use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use base64::engine::general_purpose::STANDARD as BASE64;
 use kube::core::{
-    DynamicObject, GroupVersionKind, Resource, TypeMeta,
-    admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
+    DynamicObject, GroupVersionKind, Resource, Status, TypeMeta,
+    admission::{AdmissionRequest, AdmissionResponse, Operation},
 };
-use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 /// The only AdmissionReview version the guard speaks (the webhooks ask for it).
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -62,24 +63,44 @@ pub struct RequestDeadline(pub tokio::time::Instant);
 #[derive(Debug)]
 pub struct Review<T: Resource>(pub AdmissionRequest<T>);
 
+/// The AdmissionReview envelope as it arrives. kube's `AdmissionReview` flattens its
+/// `TypeMeta`, which makes serde buffer the whole request, objects included, before
+/// decoding it again; this one reads each field once.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", bound = "T: DeserializeOwned")]
+struct ReviewIn<T: Resource> {
+    api_version: String,
+    kind: String,
+    request: Option<AdmissionRequest<T>>,
+}
+
 /// Decodes an AdmissionReview body. A review whose objects do not decode as `T` (another
 /// kind sent to this endpoint, or a malformed object) is still a review: it is returned
 /// without its objects, so that it can be answered.
 pub fn decode<T: Resource + DeserializeOwned>(body: &[u8]) -> Result<AdmissionRequest<T>, ApiError> {
-    let review = match serde_json::from_slice::<AdmissionReview<T>>(body) {
-        Ok(review) => review,
-        Err(error) if error.is_syntax() || error.is_eof() => return Err(ApiError::NotJson(error)),
+    match serde_json::from_slice::<ReviewIn<T>>(body) {
+        Ok(review) => review.into_request(),
+        Err(error) if error.is_syntax() || error.is_eof() => Err(ApiError::NotJson(error)),
         Err(typed) => {
             // The slow path, taken only for objects of another shape.
-            let review: AdmissionReview<DynamicObject> =
+            let review: ReviewIn<DynamicObject> =
                 serde_json::from_slice(body).map_err(|_| ApiError::NotAReview(typed))?;
-            check_version(&review.types)?;
-            let request: AdmissionRequest<DynamicObject> = review.try_into().map_err(|_| ApiError::NoRequest)?;
-            return Ok(without_objects(request));
+            review.into_request().map(without_objects)
         }
-    };
-    check_version(&review.types)?;
-    review.try_into().map_err(|_| ApiError::NoRequest)
+    }
+}
+
+impl<T: Resource> ReviewIn<T> {
+    fn into_request(self) -> Result<AdmissionRequest<T>, ApiError> {
+        let types = TypeMeta {
+            api_version: self.api_version,
+            kind: self.kind,
+        };
+        check_version(&types)?;
+        let mut request = self.request.ok_or(ApiError::NoRequest)?;
+        request.types = types;
+        Ok(request)
+    }
 }
 
 fn check_version(types: &TypeMeta) -> Result<(), ApiError> {
@@ -131,24 +152,67 @@ pub fn is_for<T: Resource>(request: &AdmissionRequest<T>, kind: &str, operation:
         && request.sub_resource.as_deref().unwrap_or_default().is_empty()
 }
 
-/// Encodes a response as the AdmissionReview the apiserver expects.
-///
-/// kube's `AdmissionResponse::with_patch` keeps the patch as bytes, which serde writes as
-/// an array of numbers (kube-rs#1781); the apiserver wants base64, so the patch is
-/// re-encoded here.
-pub fn encode(response: AdmissionResponse) -> Result<Value, serde_json::Error> {
-    let mut review = serde_json::to_value(response.into_review())?;
-    if let Some(patch) = review.pointer_mut("/response/patch") {
-        let bytes: Vec<u8> = serde_json::from_value(patch.take())?;
-        *patch = Value::String(BASE64.encode(bytes));
+/// The AdmissionReview answer as it leaves, borrowed from kube's `AdmissionResponse`
+/// and written in one pass. kube serialises the patch as an array of numbers
+/// (kube-rs#1781); the apiserver wants base64, written here straight into the output.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    /// Read only when the request is refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<Base64<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    audit_annotations: &'a HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<&'a Vec<String>>,
+}
+
+/// Bytes written as a base64 string, without an intermediate copy.
+struct Base64<'a>(&'a [u8]);
+
+impl Serialize for Base64<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&base64::display::Base64Display::new(self.0, &BASE64))
     }
-    Ok(review)
+}
+
+/// Encodes a response as the AdmissionReview the apiserver expects.
+pub fn encode(response: &AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
+    let review = ReviewOut {
+        api_version: API_VERSION,
+        kind: "AdmissionReview",
+        response: ResponseOut {
+            uid: &response.uid,
+            allowed: response.allowed,
+            status: (!response.allowed).then_some(&response.result),
+            patch: response.patch.as_deref().map(Base64),
+            // kube sets the patch only through `with_patch`, always a JSON Patch.
+            patch_type: response.patch.as_ref().map(|_| "JSONPatch"),
+            audit_annotations: &response.audit_annotations,
+            warnings: response.warnings.as_ref(),
+        },
+    };
+    serde_json::to_vec(&review)
 }
 
 /// The HTTP response for an admission response.
 pub fn reply(response: AdmissionResponse) -> Response {
-    match encode(response) {
-        Ok(review) => Json(review).into_response(),
+    match encode(&response) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(error) => {
             tracing::error!(%error, "cannot encode AdmissionReview response");
             ApiError::Internal.into_response()

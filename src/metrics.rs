@@ -31,25 +31,26 @@ pub struct Metrics {
     adoption_latency: Histogram,
 }
 
-/// Labels of `admission_decisions_total`.
+/// Labels of `admission_decisions_total`. Static strings: counting a decision
+/// allocates nothing.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     /// The admission operation (DELETE, CREATE).
-    pub operation: String,
+    pub operation: &'static str,
     /// allow, deny, warn (denied in warn mode), patch, skip.
-    pub decision: String,
+    pub decision: &'static str,
     /// The rule's reason code.
-    pub reason: String,
+    pub reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointLabels {
-    endpoint: String,
+    endpoint: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
-    result: String,
+    result: &'static str,
 }
 
 /// Records the duration of an admission request when dropped.
@@ -168,11 +169,11 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Counts one admission decision.
-    pub fn decision(&self, operation: &str, decision: &str, reason: &str) {
+    pub fn decision(&self, operation: &'static str, decision: &'static str, reason: &'static str) {
         let labels = DecisionLabels {
-            operation: operation.to_owned(),
-            decision: decision.to_owned(),
-            reason: reason.to_owned(),
+            operation,
+            decision,
+            reason,
         };
         self.decisions.get_or_create(&labels).inc();
     }
@@ -199,11 +200,7 @@ impl Metrics {
     /// Counts a certificate reload attempt.
     pub fn certificate_reload(&self, ok: bool) {
         let result = if ok { "success" } else { "error" };
-        self.certificate_reloads
-            .get_or_create(&ResultLabels {
-                result: result.to_owned(),
-            })
-            .inc();
+        self.certificate_reloads.get_or_create(&ResultLabels { result }).inc();
     }
 
     /// Records when the serving certificate in use expires.
@@ -247,7 +244,7 @@ impl Metrics {
 impl Drop for AdmissionTimer<'_> {
     fn drop(&mut self) {
         let labels = EndpointLabels {
-            endpoint: self.endpoint.to_owned(),
+            endpoint: self.endpoint,
         };
         self.histogram
             .get_or_create(&labels)
