@@ -143,8 +143,7 @@ pub async fn decide(
         // Rule 4 without a read: no owner can waive it.
         too_young(config, name, worker, age)
     } else {
-        let reads = PodReads::read(lookup, config, namespace, &worker, &owners).await;
-        rules(config, name, worker, age, &owners, &reads)
+        rules(lookup, config, namespace, name, worker, age, &owners).await
     };
     if verdict.allowed {
         return verdict;
@@ -160,104 +159,62 @@ pub async fn decide(
     }
 }
 
-/// What the quorum reads behind rules 3, 5 and 6 returned: the pods read by name (the
-/// owners and the worker's namesake) and the pods carrying the worker label.
-struct PodReads {
-    named: Vec<(String, crate::Result<Option<PodState>>)>,
-    labelled: crate::Result<Vec<PodState>>,
-}
-
-impl PodReads {
-    /// Reads everything at once: the reads do not depend on each other.
-    async fn read(
-        lookup: &dyn ClusterLookup,
-        config: &PolicyConfig,
-        namespace: &str,
-        worker: &str,
-        owners: &[&OwnerReference],
-    ) -> Self {
-        let mut names: Vec<&str> = owners.iter().map(|owner| owner.name.as_str()).collect();
-        names.push(worker);
-        names.sort_unstable();
-        names.dedup();
-        let gets = join_all(names.iter().map(|&name| async move {
-            // No pod can carry a name that is not a valid object name: it is absent.
-            let pod = if is_object_name(name) {
-                lookup.pod(namespace, name).await
-            } else {
-                Ok(None)
-            };
-            (name.to_owned(), pod)
-        }));
-        let list = async {
-            // A value that cannot be a label value is on no pod; asking would get a 400.
-            if is_label_value(worker) {
-                lookup.pods_labelled(namespace, &config.worker_label, worker).await
-            } else {
-                Ok(Vec::new())
-            }
-        };
-        let (named, labelled) = futures::join!(gets, list);
-        Self { named, labelled }
-    }
-
-    fn named(&self, name: &str) -> Option<&crate::Result<Option<PodState>>> {
-        self.named.iter().find(|(n, _)| n == name).map(|(_, pod)| pod)
-    }
-
-    fn first_error(&self) -> Option<&crate::Error> {
-        let named = self.named.iter().filter_map(|(_, pod)| pod.as_ref().err());
-        named.chain(self.labelled.as_ref().err()).next()
-    }
-}
-
-/// Rules 3 to 7 on what the reads returned.
-fn rules(
+/// Rules 3 to 7. The pods are read by name first (the owners and the worker's
+/// namesake, at once), and the label query only when those reads leave the answer open:
+/// it costs the apiserver a scan of the namespace's pods.
+async fn rules(
+    lookup: &dyn ClusterLookup,
     config: &PolicyConfig,
+    namespace: &str,
     name: &str,
     worker: String,
     age: Duration,
     owners: &[&OwnerReference],
-    reads: &PodReads,
 ) -> Verdict {
+    let mut names: Vec<&str> = owners.iter().map(|owner| owner.name.as_str()).collect();
+    names.push(&worker);
+    names.sort_unstable();
+    names.dedup();
+    let named = read_named(lookup, namespace, &names).await;
+    let read = |pod: &str| named.iter().find(|(n, _)| n == pod).map(|(_, read)| read);
+
     // Rule 3: every owner is gone, or replaced by a new pod under its name.
     let owner_gone = !owners.is_empty()
-        && owners.iter().all(|owner| {
-            matches!(reads.named(&owner.name), Some(Ok(pod)) if pod.as_ref().is_none_or(|pod| pod.uid != owner.uid))
-        });
+        && owners.iter().all(
+            |owner| matches!(read(&owner.name), Some(Ok(pod)) if pod.as_ref().is_none_or(|pod| pod.uid != owner.uid)),
+        );
 
     // Rule 4.
     if !owner_gone && age < config.grace_period {
         return too_young(config, name, worker, age);
     }
 
-    // Rule 5: a live owner, or a live pod named after the worker or labelled with it.
-    let live_owner = owners.iter().find_map(|owner| match reads.named(&owner.name) {
+    // Rule 5, by name: a live owner, or the worker's live namesake.
+    let live_owner = owners.iter().find_map(|owner| match read(&owner.name) {
         Some(Ok(Some(pod))) if pod.uid == owner.uid && pod.is_live() => Some(pod),
         _ => None,
     });
-    let namesake = match reads.named(&worker) {
-        Some(Ok(pod)) => pod.as_ref(),
+    let live_namesake = match read(&worker) {
+        Some(Ok(Some(pod))) if pod.is_live() => Some(pod),
         _ => None,
     };
-    let labelled = reads.labelled.as_deref().unwrap_or_default();
-    if let Some(pod) = live_owner.or_else(|| live_worker_pod(namesake, labelled)) {
-        let phase = pod.phase.as_deref().unwrap_or("Pending");
-        let message = format!(
-            "pod {} (uid {}, {phase}) still uses secret {name}; delete the pod and the secret goes with it",
-            pod.name, pod.uid
-        );
-        return Verdict {
-            pod: Some(pod.clone()),
-            ..Verdict::deny(Reason::PodLive, Some(worker), Some(age), message)
-        };
+    if let Some(pod) = live_owner.or(live_namesake) {
+        return pod_live(name, worker, age, pod);
     }
 
-    // Rule 6.
-    if let Some(error) = reads.first_error() {
-        let message =
-            format!("cannot verify that no pod of worker {worker} uses secret {name} ({error}); refusing to delete it");
-        return Verdict::deny(Reason::LookupFailed, Some(worker), Some(age), message);
+    // Rule 6, for the reads by name.
+    if let Some(error) = named.iter().find_map(|(_, read)| read.as_ref().err()) {
+        return lookup_failed(name, worker, age, error);
+    }
+
+    // Rule 5, by label; rule 6 for it.
+    match read_labelled(lookup, config, namespace, &worker).await {
+        Ok(pods) => {
+            if let Some(pod) = pods.iter().find(|pod| pod.is_live()) {
+                return pod_live(name, worker, age, pod);
+            }
+        }
+        Err(error) => return lookup_failed(name, worker, age, &error),
     }
 
     // Rule 7.
@@ -267,6 +224,57 @@ fn rules(
     }
     let message = format!("no pod of worker {worker} exists");
     Verdict::allow(Reason::Orphan, Some(worker), Some(age), message)
+}
+
+/// The pods of these names, by quorum read, all at once. A name no pod can have is
+/// absent without a read.
+async fn read_named(
+    lookup: &dyn ClusterLookup,
+    namespace: &str,
+    names: &[&str],
+) -> Vec<(String, crate::Result<Option<PodState>>)> {
+    join_all(names.iter().map(|&name| async move {
+        let pod = if is_object_name(name) {
+            lookup.pod(namespace, name).await
+        } else {
+            Ok(None)
+        };
+        (name.to_owned(), pod)
+    }))
+    .await
+}
+
+/// The pods carrying the worker label, by quorum read. A value that cannot be a label
+/// value is on no pod (and asking would get a 400).
+async fn read_labelled(
+    lookup: &dyn ClusterLookup,
+    config: &PolicyConfig,
+    namespace: &str,
+    worker: &str,
+) -> crate::Result<Vec<PodState>> {
+    if is_label_value(worker) {
+        lookup.pods_labelled(namespace, &config.worker_label, worker).await
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+fn pod_live(name: &str, worker: String, age: Duration, pod: &PodState) -> Verdict {
+    let phase = pod.phase.as_deref().unwrap_or("Pending");
+    let message = format!(
+        "pod {} (uid {}, {phase}) still uses secret {name}; delete the pod and the secret goes with it",
+        pod.name, pod.uid
+    );
+    Verdict {
+        pod: Some(pod.clone()),
+        ..Verdict::deny(Reason::PodLive, Some(worker), Some(age), message)
+    }
+}
+
+fn lookup_failed(name: &str, worker: String, age: Duration, error: &crate::Error) -> Verdict {
+    let message =
+        format!("cannot verify that no pod of worker {worker} uses secret {name} ({error}); refusing to delete it");
+    Verdict::deny(Reason::LookupFailed, Some(worker), Some(age), message)
 }
 
 /// The pods of a worker as rule 5 reads them, by quorum read: the pod named after it and
@@ -287,7 +295,11 @@ impl WorkerPods {
         namespace: &str,
         worker: &str,
     ) -> crate::Result<Self> {
-        let PodReads { mut named, labelled } = PodReads::read(lookup, config, namespace, worker, &[]).await;
+        let names = [worker];
+        let (mut named, labelled) = futures::join!(
+            read_named(lookup, namespace, &names),
+            read_labelled(lookup, config, namespace, worker)
+        );
         let namesake = named.pop().map_or(Ok(None), |(_, pod)| pod)?;
         Ok(Self {
             namesake,
