@@ -886,11 +886,23 @@ async fn tls_1_1_is_refused_and_tls_1_2_and_1_3_are_served() {
 
 // === 7. oversize bodies ===
 
-/// A body over the limit gets 413; the server serves on.
+/// Bodies over the limit get 413: at once when Content-Length announces it, as soon as
+/// the limit is passed when it is sent chunked. The server serves on.
 #[tokio::test]
 async fn oversize_bodies_get_413() {
     let guard = start(limits()).await;
     let limit = guard.limits.body_limit;
+
+    // Announced: refused before any of the body is sent, not at the request deadline.
+    let mut tls = guard.connect(&[b"http/1.1"]).await;
+    tls.write_all(post_head(limit + 1).as_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    let (status, body) = timeout(REQUEST_TIMEOUT / 2, read_response(&mut tls))
+        .await
+        .expect("answered before the request deadline");
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert!(answer["error"].as_str().unwrap().contains("limit"), "{answer}");
 
     // Chunked: no length announced, so the server finds out while reading. The client
     // sends up to four times the limit, and never the last chunk.
