@@ -44,8 +44,9 @@ pub fn probe_router(state: Arc<AppState>) -> Router {
 
 /// Every request gets one deadline, from its arrival to its answer, that covers waiting
 /// for a slot, reading the body and deciding; and it waits for one of the
-/// `max_requests` slots, so the bodies held at once are bounded. A body announced larger
-/// than the limit is refused at once, without a slot.
+/// `max_requests` slots, so the bodies held at once are bounded. At most
+/// `max_connections` requests are admitted at once, waiting or served; past that, and for
+/// a body announced larger than the limit, the answer comes at once.
 async fn admit(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     // The body limit alone would only notice once the limit is read, or at the deadline
     // if the client never sends the body it announced.
@@ -60,6 +61,11 @@ async fn admit(State(state): State<Arc<AppState>>, mut request: Request, next: N
         }
         .into_response();
     }
+    // HTTP/2 lets each connection carry `max_streams` requests: no more may wait, headers
+    // in memory, than HTTP/1.1 connections could carry.
+    let Ok(_admitted) = state.admitted.try_acquire() else {
+        return ApiError::Busy.into_response();
+    };
     let deadline = Instant::now() + state.request_timeout;
     let permit = tokio::time::timeout_at(deadline, state.requests.clone().acquire_owned()).await;
     let Ok(Ok(_permit)) = permit else {
