@@ -297,30 +297,49 @@ async fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> 
 
 // === 1. slow headers ===
 
-/// Slowloris: TLS done, then a request's headers a byte every 100 ms, on new connections
-/// and on a keep-alive connection after a first request. The server closes each of them
-/// at the idle timeout, without answering, and serves valid requests meanwhile.
+/// Slowloris: TLS done, then a request's headers a byte every 100 ms, on new connections,
+/// on a keep-alive connection after a first request, and over HTTP/2 (a header block
+/// continued a byte at a time). The server closes each of them at the idle timeout
+/// (HTTP/2: the client cannot answer the server's PING in the middle of a header block, so
+/// the keep-alive timeout ends it by twice that), without answering, and serves valid
+/// requests meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_are_cut_at_the_idle_timeout() {
+    const CLIENTS: usize = 10;
     let guard = start(limits()).await;
     let idle = guard.limits.idle_timeout;
     let started = Arc::new(AtomicUsize::new(0));
-    let slow: Vec<_> = (0..10)
+    let slow: Vec<_> = (0..CLIENTS)
         .map(|i| {
-            let (addr, config, started) = (guard.admission, guard.tls(&[b"http/1.1"]), started.clone());
+            let http2 = i == CLIENTS - 1;
+            let alpn: &[&[u8]] = if http2 { &[b"h2"] } else { &[b"http/1.1"] };
+            let (addr, config, started) = (guard.admission, guard.tls(alpn), started.clone());
             tokio::spawn(async move {
                 let mut tls = tls_connect(addr, config).await.unwrap();
-                if i == 0 {
-                    assert_answered_on(&mut tls).await;
-                }
+                let head: Box<dyn Iterator<Item = u8> + Send> = if http2 {
+                    // A header block that never ends: CONTINUATION frames of one byte.
+                    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+                    tls.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+                    tls.write_all(&frame(HEADERS, 0, 1, &post_headers_block()))
+                        .await
+                        .unwrap();
+                    tls.flush().await.unwrap();
+                    let continuation = frame(CONTINUATION, 0, 1, &[0x40]);
+                    Box::new(std::iter::repeat(continuation).flatten())
+                } else {
+                    if i == 0 {
+                        assert_answered_on(&mut tls).await;
+                    }
+                    let head = b"POST /validate HTTP/1.1\r\nHost: localhost\r\nX-Slow: ";
+                    Box::new(head.iter().copied().chain(std::iter::repeat(b'a')))
+                };
                 started.fetch_add(1, Ordering::SeqCst);
-                let head = post_head(100).into_bytes().into_iter().chain(std::iter::repeat(b' '));
                 trickle(&mut tls, head, idle * 10).await
             })
         })
         .collect();
     wait_until("slow clients", Duration::from_secs(10), || {
-        started.load(Ordering::SeqCst) == 10
+        started.load(Ordering::SeqCst) == CLIENTS
     })
     .await;
     let during = guard.assert_answered().await;
@@ -698,6 +717,74 @@ async fn http2_streams_past_the_limit_are_refused() {
         "valid request during the stream flood answered in {:?}",
         during.await.unwrap()
     );
+    guard.assert_answered().await;
+}
+
+/// Requests past `max_connections` admitted at once, here as HTTP/2 streams on one
+/// connection, are answered 503 at once instead of waiting for a slot with their headers
+/// in memory; the admitted ones are answered at their deadline. A valid request sent
+/// meanwhile is refused at once too (503); afterwards it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_max_connections_are_refused_at_once() {
+    let guard = start(Limits {
+        max_connections: 4,
+        max_requests: 1,
+        ..limits()
+    })
+    .await;
+    let (max, streams) = (guard.limits.max_connections, guard.limits.max_streams as usize);
+    let (mut h2, _connection) = h2_connect(&guard).await;
+    let started = Instant::now();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut answers = Vec::new();
+    let mut bodies = Vec::new();
+    for _ in 0..streams {
+        h2 = h2.ready().await.unwrap();
+        let (response, body) = h2.send_request(h2_post(guard.admission.port()), false).unwrap();
+        bodies.push(body);
+        let answered = answered.clone();
+        answers.push(tokio::spawn(async move {
+            let status = response.await.unwrap().status().as_u16();
+            answered.fetch_add(1, Ordering::SeqCst);
+            (status, started.elapsed())
+        }));
+    }
+    wait_until("the refusals", REQUEST_TIMEOUT / 2, || {
+        answered.load(Ordering::SeqCst) >= streams - max
+    })
+    .await;
+    let refused_valid = Instant::now();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(guard.certs.path().join("ca.crt")).unwrap()).unwrap();
+    let response = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap()
+        .post(format!("https://localhost:{}/validate", guard.admission.port()))
+        .json(&young_delete())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let refused_valid = refused_valid.elapsed();
+    assert!(refused_valid < REQUEST_TIMEOUT / 2, "refused after {refused_valid:?}");
+
+    let mut at_deadline = 0;
+    for answer in answers {
+        let (status, took) = answer.await.unwrap();
+        if took < REQUEST_TIMEOUT / 2 {
+            assert_eq!(status, 503, "answered at once");
+        } else {
+            assert!(matches!(status, 408 | 503), "answered {status} at the deadline");
+            assert!(took >= REQUEST_TIMEOUT * 9 / 10, "answered after {took:?}");
+            at_deadline += 1;
+        }
+    }
+    println!(
+        "{streams} streams, {max} admitted at most: {} refused at once, {at_deadline} answered at the deadline; a valid request meanwhile refused in {refused_valid:?}",
+        streams - at_deadline
+    );
+    assert_eq!(at_deadline, max, "max_connections requests admitted");
+    drop(bodies);
     guard.assert_answered().await;
 }
 
