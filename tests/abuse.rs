@@ -42,14 +42,24 @@ use tokio_util::sync::CancellationToken;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Small bounds, so that abuse hits them quickly and every timeout fires within seconds.
+/// The idle timeout (also the TLS handshake's) leaves a busy machine time to handshake;
+/// the tests of idle connections shorten it.
 fn limits() -> Limits {
     Limits {
         max_connections: 64,
         max_requests: 4,
         max_streams: 8,
         body_limit: 64 * 1024,
-        idle_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(5),
         drain_delay: Duration::from_secs(1),
+    }
+}
+
+/// [`limits`] with a one-second idle timeout.
+fn short_idle() -> Limits {
+    Limits {
+        idle_timeout: Duration::from_secs(1),
+        ..limits()
     }
 }
 
@@ -306,7 +316,7 @@ async fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_are_cut_at_the_idle_timeout() {
     const CLIENTS: usize = 10;
-    let guard = start(limits()).await;
+    let guard = start(short_idle()).await;
     let idle = guard.limits.idle_timeout;
     let started = Arc::new(AtomicUsize::new(0));
     let slow: Vec<_> = (0..CLIENTS)
@@ -365,8 +375,8 @@ async fn slow_headers_are_cut_at_the_idle_timeout() {
 
 /// Slow bodies fill every request slot: headers sent, then a byte every 100 ms, over
 /// HTTP/1.1 and HTTP/2. Each is answered (408, or 503 if it never got a slot) or closed
-/// at its request deadline; a valid request sent meanwhile is answered once slots free,
-/// and afterwards every slot is free again.
+/// at its request deadline; a valid request sent halfway through waits, and is answered
+/// once slots free; afterwards every slot is free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_bodies_end_at_the_request_deadline_and_free_their_slots() {
     let guard = start(limits()).await;
@@ -411,6 +421,9 @@ async fn slow_bodies_end_at_the_request_deadline_and_free_their_slots() {
         sent.load(Ordering::SeqCst) == slots
     })
     .await;
+    // Halfway to their deadline, so that the valid request's own deadline comes well
+    // after the slots free, however late a busy machine runs the timers.
+    sleep(REQUEST_TIMEOUT / 2).await;
     let during = guard.assert_answered().await;
 
     for task in slow {
@@ -530,7 +543,7 @@ async fn thousands_of_idle_connections_wait_their_turn_and_are_closed() {
     const CLIENTS: usize = 2_000;
     let guard = start(Limits {
         max_connections: 250,
-        ..limits()
+        ..short_idle()
     })
     .await;
     let (max, idle) = (guard.limits.max_connections, guard.limits.idle_timeout);
@@ -663,7 +676,13 @@ fn post_headers_block() -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_streams_past_the_limit_are_refused() {
     const STREAMS: u32 = 200;
-    let guard = start(limits()).await;
+    // More request slots than streams: this is about streams, and a valid request sent
+    // meanwhile should not have to wait for a slot.
+    let guard = start(Limits {
+        max_requests: 16,
+        ..limits()
+    })
+    .await;
     let max = guard.limits.max_streams;
 
     let mut tls = guard.connect(&[b"h2"]).await;
@@ -839,7 +858,7 @@ async fn http2_rapid_resets_end_the_connection() {
 /// at the idle timeout, like an HTTP/1.1 one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_are_closed() {
-    let guard = start(limits()).await;
+    let guard = start(short_idle()).await;
     let idle = guard.limits.idle_timeout;
     let (mut h2, connection) = h2_connect(&guard).await;
     let (response, mut body) = h2.send_request(h2_post(guard.admission.port()), false).unwrap();
@@ -871,11 +890,7 @@ async fn idle_http2_connections_are_closed() {
 /// never an HTTP answer; the server serves on.
 #[tokio::test]
 async fn plain_http_on_the_tls_port_is_refused() {
-    let guard = start(Limits {
-        idle_timeout: Duration::from_secs(5),
-        ..limits()
-    })
-    .await;
+    let guard = start(limits()).await;
     let mut tcp = TcpStream::connect(guard.admission).await.unwrap();
     let body = young_delete().to_string();
     tcp.write_all(post_head(body.len()).as_bytes()).await.unwrap();
@@ -939,11 +954,7 @@ fn tls11_client_hello() -> Vec<u8> {
 /// are served.
 #[tokio::test]
 async fn tls_1_1_is_refused_and_tls_1_2_and_1_3_are_served() {
-    let guard = start(Limits {
-        idle_timeout: Duration::from_secs(5),
-        ..limits()
-    })
-    .await;
+    let guard = start(limits()).await;
     let mut tcp = TcpStream::connect(guard.admission).await.unwrap();
     tcp.write_all(&tls11_client_hello()).await.unwrap();
     let answer = timeout(guard.limits.idle_timeout, read_until_closed(&mut tcp))
