@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use axum::{
     Router,
+    body::HttpBody,
     extract::{DefaultBodyLimit, Request, State},
+    http::StatusCode,
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -42,8 +44,28 @@ pub fn probe_router(state: Arc<AppState>) -> Router {
 
 /// Every request gets one deadline, from its arrival to its answer, that covers waiting
 /// for a slot, reading the body and deciding; and it waits for one of the
-/// `max_requests` slots, so the bodies held at once are bounded.
+/// `max_requests` slots, so the bodies held at once are bounded. At most
+/// `max_connections` requests are admitted at once, waiting or served; past that, and for
+/// a body announced larger than the limit, the answer comes at once.
 async fn admit(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
+    // The body limit alone would only notice once the limit is read, or at the deadline
+    // if the client never sends the body it announced.
+    let announced = request.body().size_hint().lower();
+    if announced > state.limits.body_limit as u64 {
+        return ApiError::Body {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "{announced} bytes announced, over the limit of {} bytes",
+                state.limits.body_limit
+            ),
+        }
+        .into_response();
+    }
+    // HTTP/2 lets each connection carry `max_streams` requests: no more may wait, headers
+    // in memory, than HTTP/1.1 connections could carry.
+    let Ok(_admitted) = state.admitted.try_acquire() else {
+        return ApiError::Busy.into_response();
+    };
     let deadline = Instant::now() + state.request_timeout;
     let permit = tokio::time::timeout_at(deadline, state.requests.clone().acquire_owned()).await;
     let Ok(Ok(_permit)) = permit else {

@@ -96,7 +96,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CDS_GUARD_DRAIN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub drain_delay: Duration,
 
-    /// Open admission connections at most; more wait to be accepted.
+    /// Open admission connections at most; more wait to be accepted. Also the admission
+    /// requests admitted at once (over HTTP/2 streams too); more are answered 503.
     #[arg(long, env = "CDS_GUARD_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
     pub max_connections: usize,
 

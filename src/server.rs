@@ -4,8 +4,9 @@
 //!
 //! What a client of the admission port can hold is bounded: connections (a semaphore
 //! before `accept`), the TLS handshake and each request's headers (`idle_timeout`), idle
-//! keep-alive connections (closed after `idle_timeout`), HTTP/2 streams per connection,
-//! and requests in flight with their bodies (see [`crate::api`]).
+//! keep-alive connections (closed after `idle_timeout`), each connection's buffers
+//! ([`HEAD_LIMIT`], [`WINDOW`]), HTTP/2 streams per connection, and requests admitted and
+//! in flight with their bodies (see [`crate::api`]). [`Limits`] adds up the memory.
 
 use std::{
     future::IntoFuture,
@@ -42,6 +43,15 @@ use crate::{
     owner_refs::Reconciler,
     tls::CertStore,
 };
+
+/// The largest request head: HTTP/1.1's read buffer, HTTP/2's header list. An apiserver
+/// sends a few hundred bytes.
+pub const HEAD_LIMIT: usize = 16 * 1024;
+
+/// HTTP/2 flow-control window, per stream and per connection: the body a client can make
+/// a connection buffer before its request gets a slot. hyper's default is 1 MiB for each,
+/// which would let every connection hold a megabyte.
+pub const WINDOW: u32 = 64 * 1024;
 
 /// The guard's server.
 pub struct Server {
@@ -296,12 +306,14 @@ impl Connections {
                 .timer(TokioTimer::new())
                 // Also closes a keep-alive connection that sends no new request in time.
                 .header_read_timeout(limits.idle_timeout)
-                .max_buf_size(64 * 1024);
+                .max_buf_size(HEAD_LIMIT);
             builder
                 .http2()
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(limits.max_streams)
-                .max_header_list_size(64 * 1024)
+                .max_header_list_size(HEAD_LIMIT as u32)
+                .initial_stream_window_size(WINDOW)
+                .initial_connection_window_size(WINDOW)
                 .keep_alive_interval(limits.idle_timeout)
                 .keep_alive_timeout(limits.idle_timeout);
             let connection = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));

@@ -28,7 +28,9 @@ pub struct AppState {
     pub(crate) request_timeout: Duration,
     pub(crate) mutation_timeout: Duration,
     pub(crate) limits: Limits,
-    /// One permit per request being read or answered.
+    /// One permit per request admitted: waiting for a slot, read or answered.
+    pub(crate) admitted: Semaphore,
+    /// One permit (a slot) per request being read or answered.
     pub(crate) requests: Arc<Semaphore>,
     /// What `/readyz` says; false before serving and while draining.
     pub(crate) ready: AtomicBool,
@@ -48,6 +50,7 @@ impl AppState {
             request_timeout: config.request_timeout,
             mutation_timeout: config.mutation_timeout,
             limits: config.limits.clone(),
+            admitted: Semaphore::new(config.limits.max_connections),
             requests: Arc::new(Semaphore::new(config.limits.max_requests)),
             ready: AtomicBool::new(false),
         }
