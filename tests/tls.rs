@@ -267,8 +267,9 @@ async fn bad_bodies_are_refused_and_the_server_stays_up() {
 async fn shutdown_finishes_requests_in_flight_and_stops_accepting() {
     let dir = tempfile::tempdir().unwrap();
     dev_certs(dir.path());
-    // Every lookup takes 1 s, so an old secret's delete is in flight for a while.
-    let server = start(dir.path(), Arc::new(FakeCluster::slow(Duration::from_secs(1)))).await;
+    // Every lookup takes 0.6 s (an old secret's delete reads by name, then by label), so
+    // the delete is in flight for a while.
+    let server = start(dir.path(), Arc::new(FakeCluster::slow(Duration::from_millis(600)))).await;
     let old = set(
         review("secret-delete"),
         "/request/oldObject/metadata/creationTimestamp",
