@@ -36,7 +36,7 @@ controlplane: ## Build the control plane binaries (cached)
 
 # cargo-fuzz is installed by `make fuzz` itself, into a cache outside the tree.
 FUZZ_TOOLS ?= $(HOME)/.cache/cds-secret-guard/tools
-FUZZ_TARGETS := decode validate mutate
+FUZZ_TARGETS ?= decode validate mutate
 # Executions per target; the default, 3 × 3,400,000, is over 10 million in all.
 FUZZ_RUNS ?= 3400000
 # Safe Rust (unsafe_code is forbidden): no sanitizer, debug assertions on.
