@@ -22,15 +22,37 @@ test: ## All tests: unit, handler, TLS and end-to-end against the real control p
 .PHONY: fmt
 fmt: ## Format the code
 	cargo fmt --all
+	cargo fmt --manifest-path fuzz/Cargo.toml
 
 .PHONY: lint
 lint: ## Formatting and clippy, as CI checks them
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
+	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 .PHONY: controlplane
 controlplane: ## Build the control plane binaries (cached)
 	tests/controlplane/build.sh
+
+# cargo-fuzz is installed by `make fuzz` itself, into a cache outside the tree.
+FUZZ_TOOLS ?= $(HOME)/.cache/cds-secret-guard/tools
+FUZZ_TARGETS ?= decode validate mutate
+# Executions per target; the default, 3 × 3,400,000, is over 10 million in all.
+FUZZ_RUNS ?= 3400000
+# Safe Rust (unsafe_code is forbidden): no sanitizer, debug assertions on.
+FUZZ_BUILD := --sanitizer none --debug-assertions
+
+.PHONY: fuzz
+fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); findings in fuzz/artifacts
+	test -x $(FUZZ_TOOLS)/bin/cargo-fuzz || cargo install cargo-fuzz --locked --root $(FUZZ_TOOLS)
+	set -e; export PATH="$(FUZZ_TOOLS)/bin:$$PATH"; \
+	for target in $(FUZZ_TARGETS); do \
+	  mkdir -p target/fuzz-corpus/$$target; \
+	  echo "== $$target: $(FUZZ_RUNS) runs"; \
+	  time nice -n 15 cargo +nightly fuzz run $(FUZZ_BUILD) $$target \
+	    target/fuzz-corpus/$$target fuzz/corpus/$$target -- \
+	    -runs=$(FUZZ_RUNS) -max_len=8192 -dict=fuzz/admission.dict -print_final_stats=1 $(FUZZ_ARGS); \
+	done
 
 .PHONY: race
 race: ## The hatchery race, long (10,000 spawns per mode); CDS_CP_HA=1 for two apiservers, RACE_ARGS for more

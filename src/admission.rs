@@ -27,6 +27,9 @@ pub enum ApiError {
     /// The body is not JSON.
     #[error("request body is not JSON: {0}")]
     NotJson(#[source] serde_json::Error),
+    /// The body is not UTF-8, hence not JSON.
+    #[error("request body is not JSON: {0}")]
+    NotUtf8(#[source] std::str::Utf8Error),
     /// The body is JSON but not an AdmissionReview.
     #[error("request body is not an AdmissionReview: {0}")]
     NotAReview(#[source] serde_json::Error),
@@ -78,13 +81,17 @@ struct ReviewIn<T: Resource> {
 /// kind sent to this endpoint, or a malformed object) is still a review: it is returned
 /// without its objects, so that it can be answered.
 pub fn decode<T: Resource + DeserializeOwned>(body: &[u8]) -> Result<AdmissionRequest<T>, ApiError> {
-    match serde_json::from_slice::<ReviewIn<T>>(body) {
+    // JSON is UTF-8. serde_json checks only the strings it keeps, not those of the fields a
+    // type skips: without this, a body with invalid UTF-8 in a skipped field would be a
+    // review for one endpoint and "not JSON" for the other.
+    let body = std::str::from_utf8(body).map_err(ApiError::NotUtf8)?;
+    match serde_json::from_str::<ReviewIn<T>>(body) {
         Ok(review) => review.into_request(),
         Err(error) if error.is_syntax() || error.is_eof() => Err(ApiError::NotJson(error)),
         Err(typed) => {
             // The slow path, taken only for objects of another shape.
             let review: ReviewIn<DynamicObject> =
-                serde_json::from_slice(body).map_err(|_| ApiError::NotAReview(typed))?;
+                serde_json::from_str(body).map_err(|_| ApiError::NotAReview(typed))?;
             review.into_request().map(without_objects)
         }
     }
@@ -225,7 +232,9 @@ pub fn reply(response: AdmissionResponse) -> Response {
 impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
-            Self::NotJson(_) | Self::NotAReview(_) | Self::WrongVersion(_) | Self::NoRequest => StatusCode::BAD_REQUEST,
+            Self::NotJson(_) | Self::NotUtf8(_) | Self::NotAReview(_) | Self::WrongVersion(_) | Self::NoRequest => {
+                StatusCode::BAD_REQUEST
+            }
             Self::Body { status, .. } => *status,
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,

@@ -403,6 +403,24 @@ async fn bad_bodies_get_a_clear_4xx(#[case] body: &str, #[case] status: StatusCo
     }
 }
 
+/// Regression (found by `make fuzz`): serde_json does not check the UTF-8 of the fields
+/// a type skips, so a pod create with invalid UTF-8 in an unknown field got a 200 from
+/// `/mutate` and a 400 from `/validate`. A body that is not UTF-8 is not JSON: 400 on both.
+#[tokio::test]
+async fn invalid_utf8_is_not_json_on_either_endpoint() {
+    let server = server(Arc::new(FakeCluster::default()), policy());
+    let review = set(review("pod-create"), "/request/object/spec/unknownField", json!("@@"));
+    let review = review.to_string();
+    let (head, tail) = review.split_once("@@").unwrap();
+    let body = [head.as_bytes(), &[0xf7, 0xbf, 0xbf, 0xbf], tail.as_bytes()].concat();
+    for path in ["/validate", "/mutate"] {
+        let (status, answer) = post(&server.router(), path, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {answer}");
+        let error = answer["error"].as_str().unwrap();
+        assert!(error.contains("not JSON"), "{path}: {error}");
+    }
+}
+
 #[tokio::test]
 async fn oversize_body_is_413_and_a_1mib_secret_fits() {
     let server = server(Arc::new(FakeCluster::default()), policy());
