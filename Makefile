@@ -15,8 +15,9 @@ down: ## Stop the guard and the local control plane
 	hack/local.sh down
 
 .PHONY: test
-test: ## All tests: unit, handler, TLS and end-to-end against the real control plane
+test: ## All tests: unit, handler, TLS, end-to-end against the real control plane, chart and alerts
 	tests/controlplane/cluster.sh up
+	tests/tools/build.sh
 	cargo test --locked --all-targets
 
 .PHONY: fmt
@@ -31,6 +32,10 @@ lint: ## Formatting and clippy, as CI checks them
 .PHONY: controlplane
 controlplane: ## Build the control plane binaries (cached)
 	tests/controlplane/build.sh
+
+.PHONY: tools
+tools: ## Build helm and promtool (cached) into target/tools/bin
+	tests/tools/build.sh
 
 .PHONY: race
 race: ## The hatchery race, long (10,000 spawns per mode); CDS_CP_HA=1 for two apiservers, RACE_ARGS for more
