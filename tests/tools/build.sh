@@ -9,11 +9,12 @@
 # (go.mod/go.sum, the flags below, the Go version), so a fresh clone only links
 # them; they are rebuilt only when a pin or a flag changes.
 #
-# Measured on the 2-core dev machine (Go 1.26.8), with empty Go module and build
-# caches, while other builds shared the machine (load 10-16), see README.md:
-# helm 17.7 min wall / 8.1 min CPU (modules ~1 min), then promtool 11.5 min
-# wall / 5.2 min CPU (sharing helm's cache for common packages). Binary cache
-# hit: under 0.1 s.
+# Measured on the 2-core dev machine (Go 1.26.8), cold (empty Go module, build
+# and binary caches), while other engineers' builds loaded it (load 10-16), so
+# wall times are pessimistic: this whole script 29.7 min wall at nice 19, 13.5
+# min of CPU (helm 20.1 min wall incl. ~1 min of module downloads, promtool 9.6
+# min); on an idle machine expect about 8-10 min. Go's caches grow by ~1.4 GB
+# (modules) and ~1.9 GB (build). Binary cache hit: under 0.1 s.
 #
 # Env: CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard) moves the cache.
 set -euo pipefail
