@@ -15,8 +15,9 @@ down: ## Stop the guard and the local control plane
 	hack/local.sh down
 
 .PHONY: test
-test: ## All tests: unit, handler, TLS and end-to-end against the real control plane
+test: ## All tests: unit, handler, TLS, end-to-end against the real control plane, chart and alerts
 	tests/controlplane/cluster.sh up
+	tests/tools/build.sh
 	cargo test --locked --all-targets
 
 .PHONY: fmt
@@ -35,7 +36,7 @@ controlplane: ## Build the control plane binaries (cached)
 	tests/controlplane/build.sh
 
 # cargo-fuzz is installed by `make fuzz` itself, into a cache outside the tree.
-FUZZ_TOOLS ?= $(HOME)/.cache/cds-secret-guard/tools
+FUZZ_TOOLS ?= $(HOME)/.cache/cds-secret-guard/cargo-fuzz
 FUZZ_TARGETS ?= decode validate mutate
 # Executions per target; the default, 3 × 3,400,000, is over 10 million in all.
 FUZZ_RUNS ?= 3400000
@@ -53,6 +54,10 @@ fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); 
 	    target/fuzz-corpus/$$target fuzz/corpus/$$target -- \
 	    -runs=$(FUZZ_RUNS) -max_len=8192 -dict=fuzz/admission.dict -print_final_stats=1 $(FUZZ_ARGS); \
 	done
+
+.PHONY: tools
+tools: ## Build helm and promtool (cached) into target/tools/bin
+	tests/tools/build.sh
 
 .PHONY: race
 race: ## The hatchery race, long (10,000 spawns per mode); CDS_CP_HA=1 for two apiservers, RACE_ARGS for more
