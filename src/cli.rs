@@ -258,6 +258,12 @@ pub struct WebhooksArgs {
     pub timeout_seconds: i32,
 }
 
+/// A list flag without its empty items: `CDS_GUARD_EXEMPT_USERS=""` means nobody, not a
+/// user named "".
+pub fn non_empty(items: Vec<String>) -> Vec<String> {
+    items.into_iter().filter(|item| !item.is_empty()).collect()
+}
+
 // === impl Cli ===
 
 impl Cli {
@@ -328,9 +334,9 @@ impl ServeArgs {
                 secret_prefixes: self.secrets.secret_prefixes,
                 worker_label: self.secrets.worker_label,
                 hatchery_label: self.secrets.hatchery_label,
-                exempt_users: self.scope.exempt_users,
-                exempt_groups: self.scope.exempt_groups,
-                namespaces: self.scope.namespaces,
+                exempt_users: non_empty(self.scope.exempt_users),
+                exempt_groups: non_empty(self.scope.exempt_groups),
+                namespaces: non_empty(self.scope.namespaces),
                 mode: self.mode,
             },
         }
@@ -389,6 +395,15 @@ mod tests {
         assert_eq!(config.policy.secret_prefixes, ["a-", "b-"]);
         assert_eq!(config.policy.exempt_groups, ["ops"]);
         assert_eq!(config.policy.mode, Mode::Warn);
+    }
+
+    #[test]
+    fn an_empty_list_means_nobody() {
+        let cli = Cli::try_parse_from(["cds-secret-guard", "serve", "--exempt-user", ""]).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert!(args.into_config().policy.exempt_users.is_empty());
     }
 
     #[test]

@@ -13,7 +13,10 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta},
 };
 
-use crate::{Error, Result, cli::WebhooksArgs};
+use crate::{
+    Error, Result,
+    cli::{WebhooksArgs, non_empty},
+};
 
 /// Name of both configurations.
 pub const CONFIGURATION_NAME: &str = "cds-secret-guard";
@@ -65,13 +68,17 @@ pub fn configurations(
         )])),
         ..Default::default()
     };
-    let namespaces = namespace_selector(&args.guard_namespace, &args.scope.namespaces);
+    let namespaces = namespace_selector(&args.guard_namespace, &non_empty(args.scope.namespaces.clone()));
     let mut secret_conditions = vec![MatchCondition {
         name: "protected-secret".to_owned(),
         expression: protected_secret_expression(&args.secrets.secret_prefixes, &args.secrets.worker_label),
     }];
     // Exempt requests never reach the guard: namespace deletion works while it is down.
-    if let Some(expression) = not_exempt_expression(&args.scope.exempt_users, &args.scope.exempt_groups) {
+    let (users, groups) = (
+        non_empty(args.scope.exempt_users.clone()),
+        non_empty(args.scope.exempt_groups.clone()),
+    );
+    if let Some(expression) = not_exempt_expression(&users, &groups) {
         secret_conditions.push(MatchCondition {
             name: "not-exempt".to_owned(),
             expression,
