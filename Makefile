@@ -19,6 +19,10 @@ test: ## All tests: unit, handler, TLS and end-to-end against the real control p
 	tests/controlplane/cluster.sh up
 	cargo test --locked --all-targets
 
+.PHONY: bench
+bench: ## Benchmarks (BENCHMARKS.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
+	hack/bench.sh
+
 .PHONY: fmt
 fmt: ## Format the code
 	cargo fmt --all
