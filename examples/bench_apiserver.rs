@@ -29,7 +29,7 @@ use std::{
 };
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use bench_support::{Load, Measured, Table, f2, goal, median, median_ratio, rss_mib};
+use bench_support::{Load, Measured, Table, f2, goal, median, median_ratio, rps, rss_mib};
 use clap::Parser;
 use e2e::{
     Guard, GuardOptions, TestNamespace, client, control_plane, guard_kubeconfig, kubectl, service_account_kubeconfig,
@@ -273,7 +273,7 @@ fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, latency: &mu
             f2(median(&p50(on))),
             f2(median(&p99(off))),
             f2(median(&p99(on))),
-            format!("{:.0} / {:.0}", median(&rate(off)), median(&rate(on))),
+            format!("{} / {}", rps(median(&rate(off))), rps(median(&rate(on)))),
             goal(ratio, ratio <= 1.5, "≤ 1.5"),
             f2(median_ratio(&p99(on), &p99(off))),
         ]);
@@ -307,7 +307,8 @@ fn token_id(kubeconfig: &Path) -> Option<String> {
 struct Spawned {
     workers: usize,
     failed: usize,
-    elapsed: Duration,
+    /// From the first spawn to the last.
+    spawning: Duration,
     latencies_ms: Vec<f64>,
     not_adopted: usize,
     secrets_left: usize,
@@ -348,8 +349,10 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
     let mut tasks = Vec::new();
     let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / args.spawn_rate));
     let mut n = 0usize;
+    let mut spawning = Duration::ZERO;
     while start.elapsed() < args.spawn_duration {
         ticks.tick().await;
+        spawning = start.elapsed();
         let worker = format!("w-{n:05}");
         n += 1;
         let (secrets, pods, created, updates) = (secrets.clone(), pods.clone(), created.clone(), args.status_updates);
@@ -391,7 +394,6 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
             eprintln!("bench_apiserver: a worker failed: {error}");
         }
     }
-    let elapsed = start.elapsed();
 
     // The garbage collector deletes each secret once its pod is gone.
     let selector = ListParams::default().labels(&format!("CDS_HATCHERY_NAME={hatchery}"));
@@ -421,7 +423,7 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
     Spawned {
         workers: n,
         failed,
-        elapsed,
+        spawning,
         not_adopted: created.len() - latencies_ms.len(),
         latencies_ms,
         secrets_left,
@@ -597,7 +599,10 @@ fn reconciler_tables(args: &Args, runs: &[ReconcilerRun]) {
         latency.row(vec![
             replicas.to_string(),
             spawned.workers.to_string(),
-            format!("{:.1}", spawned.workers as f64 / spawned.elapsed.as_secs_f64()),
+            format!(
+                "{:.1}",
+                spawned.workers as f64 / spawned.spawning.as_secs_f64().max(1e-3)
+            ),
             spawned.failed.to_string(),
             f2(p50),
             f2(percentile(&spawned.latencies_ms, 99.0)),
