@@ -42,7 +42,8 @@ command -v curl >/dev/null || { log "curl is needed"; exit 1; }
 
 # ---- build ----
 log "building (release)"
-cargo build --release --locked --bins --example ceiling --example bench_tls --example bench_apiserver
+# The bench profile (release settings, as `cargo bench` builds): one build serves all parts.
+cargo build --profile bench --locked --bins --benches --example ceiling --example bench_tls --example bench_apiserver
 
 mkdir -p "$(dirname "$report")"
 {
