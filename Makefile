@@ -20,6 +20,10 @@ test: ## All tests: unit, handler, TLS, end-to-end against the real control plan
 	tests/tools/build.sh
 	cargo test --locked --all-targets
 
+.PHONY: bench
+bench: ## Benchmarks (BENCHMARKS.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
+	hack/bench.sh
+
 .PHONY: fmt
 fmt: ## Format the code
 	cargo fmt --all

@@ -267,19 +267,36 @@ impl Guard {
         let child = Command::new(guard_binary())
             .arg("serve")
             .env("KUBECONFIG", &self.kubeconfig)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("CDS_GUARD_LISTEN", self.admission.to_string())
             .env("CDS_GUARD_PROBE_LISTEN", self.probes.to_string())
             .env("CDS_GUARD_TLS_CERT", certs.join("tls.crt"))
             .env("CDS_GUARD_TLS_KEY", certs.join("tls.key"))
             .env("CDS_GUARD_GRACE_PERIOD", format!("{}s", GRACE.as_secs()))
             .env("RUST_LOG", "info")
+            // The options come last: they may override the defaults above (the benchmarks
+            // set the grace period).
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("start cds-secret-guard serve");
         *self.process.lock().unwrap() = Some(child);
         self.wait_ready();
+    }
+
+    /// The guard process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.lock().unwrap().as_ref().map(Child::id)
+    }
+
+    /// Where the guard listens for admission requests (TLS).
+    pub fn admission_addr(&self) -> SocketAddr {
+        self.admission
+    }
+
+    /// The webhook configurations it was registered with (`webhooks.yaml`).
+    pub fn webhooks_yaml(&self) -> PathBuf {
+        self.dir.join("webhooks.yaml")
     }
 
     /// Stops the guard process (SIGKILL: an outage, not a shutdown).

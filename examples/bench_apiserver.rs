@@ -1,0 +1,755 @@
+//! The guard on the apiserver's path, on the local control plane (`make bench` starts one
+//! of its own; see BENCHMARKS.md):
+//!
+//! 1. **Secret DELETEs** (`dryRun=All`, so nothing changes) loaded by `oha` as admin
+//!    (client certificate from `target/controlplane/pki/`), with and without the guard
+//!    registered, alternately, on each of its paths: deny by age (a young secret), deny by
+//!    live pod (an old secret whose worker's pod exists), allow orphan (an old secret, no
+//!    pod); each in a namespace with 10 pods and in one with 10,000.
+//! 2. **Memory**: the guard's VmRSS with 10 worker pods, then with 10,000.
+//! 3. **Reconciler load**: workers spawned as the hatchery does (secret, pod, status
+//!    updates as a kubelet would make them, pod delete, the garbage collector deletes the
+//!    secret), with one guard replica and with two; the guard's apiserver requests per
+//!    worker and replica from the apiserver's audit log, and the latency from a pod's
+//!    creation to the ownerReference on its secret.
+//!
+//! Every guard runs as its service account, as `tests/e2e` runs it. Prints tables.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod bench_support;
+#[path = "../tests/e2e/harness.rs"]
+mod e2e;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use bench_support::{Load, Measured, Table, f2, goal, median, median_ratio, rps, rss_mib};
+use clap::Parser;
+use e2e::{
+    Guard, GuardOptions, TestNamespace, client, control_plane, guard_kubeconfig, kubectl, service_account_kubeconfig,
+    unregister_webhooks,
+};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::{
+    api::core::v1::{Pod, Secret},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    config::Kubeconfig,
+    core::PartialObjectMeta,
+    runtime::{watcher, watcher::watcher as watch_stream},
+};
+use serde_json::{Value, json};
+
+/// The guard's user in the audit log.
+const GUARD_USER: &str = "system:serviceaccount:cds-secret-guard:cds-secret-guard";
+
+#[derive(Debug, Parser)]
+#[command(about = "The guard on the apiserver's path: deletes, memory, reconciler load")]
+struct Args {
+    /// Rounds per path; each runs with the guard registered, then without.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Length of one load run.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Connections of the delete load.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// Pods in the large namespace.
+    #[arg(long, default_value_t = 10_000)]
+    pods: usize,
+    /// Worker spawns per second of the reconciler run.
+    #[arg(long, default_value_t = 50.0)]
+    spawn_rate: f64,
+    /// How long workers are spawned.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    spawn_duration: Duration,
+    /// Pod status updates per worker (as its kubelet would make them).
+    #[arg(long, default_value_t = 5)]
+    status_updates: usize,
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn pki(file: &str) -> PathBuf {
+    repo().join("target/controlplane/pki").join(file)
+}
+
+/// The apiserver's URL, from the admin kubeconfig.
+fn apiserver_url() -> String {
+    let kubeconfig = Kubeconfig::read_from(control_plane()).unwrap();
+    kubeconfig.clusters[0].cluster.as_ref().unwrap().server.clone().unwrap()
+}
+
+// === objects ===
+
+fn worker_secret(worker: &str, hatchery: &str) -> Secret {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("cds-worker-config-{worker}"),
+            "labels": {"CDS_HATCHERY_NAME": hatchery, "CDS_WORKER_NAME": worker},
+        },
+        "stringData": {"CDS_CONFIG": "bench-worker-token"},
+    }))
+    .unwrap()
+}
+
+/// A worker pod as the CDS hatchery makes it: labelled, reading its secret.
+fn worker_pod(worker: &str, hatchery: &str) -> Pod {
+    let secret = format!("cds-worker-config-{worker}");
+    serde_json::from_value(json!({
+        "metadata": {"name": worker, "labels": {"CDS_HATCHERY_NAME": hatchery, "CDS_WORKER_NAME": worker}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "worker",
+                "image": "ovhcom/cds-worker:latest",
+                "env": [{"name": "CDS_CONFIG", "valueFrom": {"secretKeyRef": {"name": secret, "key": "CDS_CONFIG"}}}],
+                "envFrom": [{"secretRef": {"name": secret}, "prefix": "CDS_"}],
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// A pod labelled as a worker's, using no secret: it fills a namespace.
+fn filler_pod(i: usize) -> Pod {
+    let name = format!("filler-{i:05}");
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"CDS_HATCHERY_NAME": "bench-filler", "CDS_WORKER_NAME": name}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "worker", "image": "ovhcom/cds-worker:latest"}]},
+    }))
+    .unwrap()
+}
+
+async fn create_fillers(client: &Client, namespace: &str, count: usize) -> Duration {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let start = Instant::now();
+    stream::iter(0..count)
+        .map(|i| {
+            let pods = pods.clone();
+            async move { pods.create(&PostParams::default(), &filler_pod(i)).await.map(drop) }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await
+        .expect("create filler pods");
+    start.elapsed()
+}
+
+// === registration, toggled ===
+
+/// Registers or unregisters the guard's webhooks, and waits until the apiserver acts on it:
+/// a dry-run delete of a secret whose pod is live is denied only while it is registered.
+async fn set_registered(guard: &Guard, probe: &Api<Secret>, probe_secret: &str, on: bool) {
+    if on {
+        let applied = kubectl()
+            .args(["apply", "-f"])
+            .arg(guard.webhooks_yaml())
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(applied.success(), "kubectl apply of the webhooks failed");
+    } else {
+        assert!(unregister_webhooks(), "cannot unregister the webhooks");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let params = DeleteParams {
+            dry_run: true,
+            ..DeleteParams::default()
+        };
+        let denied = matches!(
+            probe.delete(probe_secret, &params).await,
+            Err(kube::Error::Api(status)) if status.code == 403
+        );
+        if denied == on {
+            return;
+        }
+        assert!(Instant::now() < deadline, "registration {on} never took effect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// === the delete paths ===
+
+struct Path4 {
+    name: &'static str,
+    worker: &'static str,
+    /// HTTP status with the guard registered.
+    guarded: u16,
+}
+
+const PATHS: [Path4; 3] = [
+    Path4 {
+        name: "deny by age (young secret)",
+        worker: "young",
+        guarded: 403,
+    },
+    Path4 {
+        name: "deny by live pod",
+        worker: "live",
+        guarded: 403,
+    },
+    Path4 {
+        name: "allow orphan",
+        worker: "orphan",
+        guarded: 200,
+    },
+];
+
+/// `results[registered][namespace]`: one `Measured` per round.
+type PathResults = [[Vec<Measured>; 2]; 2];
+
+async fn measure_path(
+    args: &Args,
+    guard: &Guard,
+    namespaces: [&str; 2],
+    path: &Path4,
+    probe: (&Api<Secret>, &str),
+) -> PathResults {
+    let base = apiserver_url();
+    let load = |namespace: &str| Load {
+        url: format!(
+            "{base}/api/v1/namespaces/{namespace}/secrets/cds-worker-config-{}?dryRun=All",
+            path.worker
+        ),
+        method: "DELETE",
+        body: None,
+        http2: false,
+        connections: args.connections,
+        duration: args.duration,
+        client_cert: Some((pki("admin.crt"), pki("admin.key"))),
+        cacert: Some(pki("ca.crt")),
+    };
+    let mut results: PathResults = Default::default();
+    for round in 0..args.rounds {
+        for (registered, on) in [(1, true), (0, false)] {
+            set_registered(guard, probe.0, probe.1, on).await;
+            for (i, namespace) in namespaces.iter().enumerate() {
+                let expect = if on { path.guarded } else { 200 };
+                let measured = tokio::task::block_in_place(|| load(namespace).run(expect));
+                assert!(
+                    measured.unexpected.is_empty(),
+                    "{} in {namespace}, guard {on}: unexpected answers {:?}",
+                    path.name,
+                    measured.unexpected
+                );
+                results[registered][i].push(measured);
+            }
+        }
+        eprintln!(
+            "bench_apiserver: {} round {}/{} done",
+            path.name,
+            round + 1,
+            args.rounds
+        );
+    }
+    results
+}
+
+fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, latency: &mut Table, scaling: &mut Table) {
+    let p50 = |r: &[Measured]| r.iter().map(|m| m.p50_ms).collect::<Vec<_>>();
+    let p99 = |r: &[Measured]| r.iter().map(|m| m.p99_ms).collect::<Vec<_>>();
+    let rate = |r: &[Measured]| r.iter().map(|m| m.rps).collect::<Vec<_>>();
+    for (i, count) in pods.iter().enumerate() {
+        let (on, off) = (&results[1][i], &results[0][i]);
+        let ratio = median_ratio(&p50(on), &p50(off));
+        latency.row(vec![
+            path.name.into(),
+            count.to_string(),
+            f2(median(&p50(off))),
+            f2(median(&p50(on))),
+            f2(median(&p99(off))),
+            f2(median(&p99(on))),
+            format!("{} / {}", rps(median(&rate(off))), rps(median(&rate(on)))),
+            goal(ratio, ratio <= 1.5, "≤ 1.5"),
+            f2(median_ratio(&p99(on), &p99(off))),
+        ]);
+    }
+    for (registered, who) in [(1, "guard"), (0, "no webhook")] {
+        let (large, small) = (&results[registered][1], &results[registered][0]);
+        let ratio = median_ratio(&p50(large), &p50(small));
+        scaling.row(vec![
+            path.name.into(),
+            who.into(),
+            f2(median(&p50(small))),
+            f2(median(&p50(large))),
+            goal(ratio, ratio <= 1.2, "≤ 1.2"),
+            f2(median_ratio(&p99(large), &p99(small))),
+        ]);
+    }
+}
+
+// === reconciler load ===
+
+/// The `jti` of the service-account token in a kubeconfig: the audit log names each
+/// token's requests by it (`authentication.kubernetes.io/credential-id`).
+fn token_id(kubeconfig: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(kubeconfig).ok()?;
+    let token = text.lines().find_map(|line| line.trim().strip_prefix("token: "))?;
+    let claims = URL_SAFE_NO_PAD.decode(token.split('.').nth(1)?).ok()?;
+    let claims: Value = serde_json::from_slice(&claims).ok()?;
+    Some(format!("JTI={}", claims["jti"].as_str()?))
+}
+
+struct Spawned {
+    workers: usize,
+    failed: usize,
+    /// From the first spawn to the last.
+    spawning: Duration,
+    latencies_ms: Vec<f64>,
+    not_adopted: usize,
+    secrets_left: usize,
+    /// Requests of the guard's user: per credential, per "verb resource".
+    requests: BTreeMap<String, BTreeMap<String, usize>>,
+}
+
+async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned {
+    let hatchery = "bench-hatchery";
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
+
+    // When each secret was first seen with an ownerReference.
+    let adopted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watch = tokio::spawn({
+        let adopted = adopted.clone();
+        let metadata: Api<PartialObjectMeta<Secret>> = Api::namespaced(admin.clone(), namespace);
+        let config = watcher::Config::default().labels(&format!("CDS_HATCHERY_NAME={hatchery}"));
+        async move {
+            let mut events = std::pin::pin!(watch_stream(metadata, config));
+            while let Some(event) = events.next().await {
+                let secret = match event {
+                    Ok(watcher::Event::Apply(secret) | watcher::Event::InitApply(secret)) => secret,
+                    _ => continue,
+                };
+                if secret.metadata.owner_references.as_ref().is_some_and(|o| !o.is_empty()) {
+                    let name = secret.metadata.name.unwrap_or_default();
+                    adopted.lock().unwrap().entry(name).or_insert_with(Instant::now);
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let start_ts = Timestamp::now();
+    let start = Instant::now();
+    let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let mut tasks = Vec::new();
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / args.spawn_rate));
+    let mut n = 0usize;
+    let mut spawning = Duration::ZERO;
+    while start.elapsed() < args.spawn_duration {
+        ticks.tick().await;
+        spawning = start.elapsed();
+        let worker = format!("w-{n:05}");
+        n += 1;
+        let (secrets, pods, created, updates) = (secrets.clone(), pods.clone(), created.clone(), args.status_updates);
+        tasks.push(tokio::spawn(async move {
+            secrets
+                .create(&PostParams::default(), &worker_secret(&worker, hatchery))
+                .await?;
+            pods.create(&PostParams::default(), &worker_pod(&worker, hatchery))
+                .await?;
+            created
+                .lock()
+                .unwrap()
+                .insert(format!("cds-worker-config-{worker}"), Instant::now());
+            for i in 0..updates {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let phase = if i + 1 == updates { "Succeeded" } else { "Running" };
+                let status = json!({"status": {
+                    "phase": phase,
+                    "message": format!("status update {}", i + 1),
+                    "conditions": [{"type": "Ready", "status": if phase == "Running" { "True" } else { "False" },
+                                    "lastTransitionTime": Timestamp::now().to_string()}],
+                }});
+                pods.patch_status(&worker, &PatchParams::default(), &Patch::Merge(&status))
+                    .await?;
+            }
+            pods.delete(&worker, &DeleteParams::default()).await?;
+            Ok::<_, kube::Error>(())
+        }));
+    }
+    let mut failed = 0;
+    for task in tasks {
+        let error = match task.await {
+            Ok(Ok(())) => continue,
+            Ok(Err(error)) => error.to_string(),
+            Err(error) => error.to_string(),
+        };
+        failed += 1;
+        if failed <= 3 {
+            eprintln!("bench_apiserver: a worker failed: {error}");
+        }
+    }
+
+    // The garbage collector deletes each secret once its pod is gone.
+    let selector = ListParams::default().labels(&format!("CDS_HATCHERY_NAME={hatchery}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut secrets_left;
+    loop {
+        secrets_left = secrets.list_metadata(&selector).await.unwrap().items.len();
+        if secrets_left == 0 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Let the guards finish what the last deletions started.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let end_ts = Timestamp::now();
+    watch.abort();
+
+    let created = created.lock().unwrap().clone();
+    let adopted = adopted.lock().unwrap().clone();
+    let latencies_ms: Vec<f64> = created
+        .iter()
+        .filter_map(|(secret, at)| {
+            let owned = adopted.get(secret)?;
+            Some(owned.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    Spawned {
+        workers: n,
+        failed,
+        spawning,
+        not_adopted: created.len() - latencies_ms.len(),
+        latencies_ms,
+        secrets_left,
+        requests: guard_requests(start_ts, end_ts),
+    }
+}
+
+/// The guard's requests between two times, from the apiserver's audit log: per token
+/// (`credential-id`), per "verb resource[/subresource]", each request once.
+fn guard_requests(from: Timestamp, to: Timestamp) -> BTreeMap<String, BTreeMap<String, usize>> {
+    let (from, to) = (format!("{from:.6}"), format!("{to:.6}"));
+    let log = repo().join("target/controlplane/logs/kube-apiserver.audit.log");
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut seen = BTreeSet::new();
+    let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for event in text.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()) {
+        if event["user"]["username"] != GUARD_USER {
+            continue;
+        }
+        let at = event["requestReceivedTimestamp"].as_str().unwrap_or_default();
+        // RFC 3339 in UTC: compares as a string (microseconds in the log, and in ours).
+        if at < from.as_str() || at > to.as_str() || !seen.insert(event["auditID"].to_string()) {
+            continue;
+        }
+        let credential = event["user"]["extra"]["authentication.kubernetes.io/credential-id"][0]
+            .as_str()
+            .unwrap_or("all")
+            .to_owned();
+        let object = &event["objectRef"];
+        let mut resource = object["resource"].as_str().unwrap_or("?").to_owned();
+        if let Some(sub) = object["subresource"].as_str() {
+            resource = format!("{resource}/{sub}");
+        }
+        let mut verb = event["verb"].as_str().unwrap_or("?").to_owned();
+        if verb == "list"
+            && event["requestURI"]
+                .as_str()
+                .is_some_and(|uri| uri.contains("labelSelector"))
+        {
+            verb = "list (label)".to_owned();
+        }
+        *counts
+            .entry(credential)
+            .or_default()
+            .entry(format!("{verb} {resource}"))
+            .or_default() += 1;
+    }
+    counts
+}
+
+fn percentile(values: &[f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// One reconciler run: how many replicas, what they did, and each replica's name and token id.
+struct ReconcilerRun {
+    replicas: usize,
+    spawned: Spawned,
+    names: Vec<(String, Option<String>)>,
+}
+
+async fn reconciler_run(args: &Args, admin: &Client, replicas: usize) -> ReconcilerRun {
+    // Replica 1 is registered (its webhooks see the pod creates and the GC's deletes);
+    // replica 2 only reconciles. Each has its own token, so the audit log tells them apart.
+    let first = Guard::start();
+    let mut names = vec![(
+        "replica 1 (webhooks + reconciler)".to_owned(),
+        token_id(guard_kubeconfig()),
+    )];
+    let second = (replicas > 1).then(|| {
+        let kubeconfig = service_account_kubeconfig("cds-secret-guard", "cds-secret-guard");
+        names.push(("replica 2 (reconciler only)".to_owned(), token_id(&kubeconfig)));
+        Guard::start_with(GuardOptions {
+            kubeconfig,
+            env: Vec::new(),
+            register: None,
+        })
+    });
+    let namespace = TestNamespace::new("bench-spawn").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let spawned = spawn_workers(args, admin, &namespace.name).await;
+    drop(second);
+    drop(first);
+    ReconcilerRun {
+        replicas,
+        spawned,
+        names,
+    }
+}
+
+fn reconciler_tables(args: &Args, runs: &[ReconcilerRun]) {
+    let mut load = Table::new(
+        format!(
+            "Reconciler load: the guard's apiserver requests per spawned worker ({} spawns/s for {:?}, {} status updates each; audit log)",
+            args.spawn_rate, args.spawn_duration, args.status_updates
+        ),
+        &[
+            "replicas",
+            "replica",
+            "requests/worker",
+            "ratio to 1 replica",
+            "breakdown per worker",
+        ],
+    );
+    let mut latency = Table::new(
+        "Ownership latency: pod created → ownerReference on its secret (seen by a watch)",
+        &[
+            "replicas",
+            "workers",
+            "spawns/s achieved",
+            "failed",
+            "p50 ms",
+            "p99 ms",
+            "p50 ratio to 1 replica",
+            "not adopted",
+            "secrets left after GC",
+        ],
+    );
+    let mut single_per_worker = f64::NAN;
+    let mut single_p50 = f64::NAN;
+    for ReconcilerRun {
+        replicas,
+        spawned,
+        names,
+    } in runs
+    {
+        let workers = spawned.workers.max(1) as f64;
+        // Replicas in the order they were started; a log without credential ids counts
+        // all of them together.
+        let mut rows: Vec<(String, &BTreeMap<String, usize>, f64)> = Vec::new();
+        for (name, id) in names {
+            if let Some(counts) = id.as_ref().and_then(|id| spawned.requests.get(id)) {
+                rows.push((name.clone(), counts, 1.0));
+            }
+        }
+        if rows.is_empty()
+            && let Some(all) = spawned.requests.get("all")
+        {
+            rows.push((
+                format!("all {replicas} (no credential ids in the log)"),
+                all,
+                *replicas as f64,
+            ));
+        }
+        for (name, counts, share) in rows {
+            let total = counts.values().sum::<usize>() as f64 / workers / share;
+            if *replicas == 1 {
+                single_per_worker = total;
+            }
+            let breakdown = counts
+                .iter()
+                .map(|(what, n)| format!("{what} {:.2}", *n as f64 / workers / share))
+                .collect::<Vec<_>>()
+                .join(", ");
+            load.row(vec![
+                replicas.to_string(),
+                name,
+                f2(total),
+                f2(total / single_per_worker),
+                breakdown,
+            ]);
+        }
+        let p50 = percentile(&spawned.latencies_ms, 50.0);
+        if *replicas == 1 {
+            single_p50 = p50;
+        }
+        latency.row(vec![
+            replicas.to_string(),
+            spawned.workers.to_string(),
+            format!(
+                "{:.1}",
+                spawned.workers as f64 / spawned.spawning.as_secs_f64().max(1e-3)
+            ),
+            spawned.failed.to_string(),
+            f2(p50),
+            f2(percentile(&spawned.latencies_ms, 99.0)),
+            f2(p50 / single_p50),
+            spawned.not_adopted.to_string(),
+            spawned.secrets_left.to_string(),
+        ]);
+    }
+    load.note(
+        "Counted: every request of system:serviceaccount:cds-secret-guard:cds-secret-guard received while \
+         workers were spawned and until their secrets were collected (+3 s), each audit ID once; a watch \
+         counts once. Replica 1 is the registered one: its lines include the webhooks' lookups.",
+    );
+    load.print();
+    latency.print();
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .expect("no rustls crypto provider installed yet");
+    control_plane();
+    let admin = client().await;
+    let _ = unregister_webhooks();
+    eprintln!("bench_apiserver: apiserver {}", apiserver_url());
+
+    // Two namespaces: 10 pods, and --pods.
+    let small = TestNamespace::new("bench-10").await;
+    let large = TestNamespace::new("bench-10k").await;
+    create_fillers(&admin, &small.name, 10).await;
+
+    // A guard with the default grace period, for the young path; registered once (the
+    // harness checks it works), then toggled.
+    let grace = |period: &str| GuardOptions {
+        env: vec![("CDS_GUARD_GRACE_PERIOD".into(), period.into())],
+        ..GuardOptions::default()
+    };
+    let guard = Guard::start_with(grace("10m"));
+    assert!(unregister_webhooks());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_small = rss_mib(guard.pid().unwrap());
+    let took = create_fillers(&admin, &large.name, args.pods).await;
+    eprintln!("bench_apiserver: {} pods created in {took:?}", args.pods);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss_large_grown = rss_mib(guard.pid().unwrap());
+
+    // The secrets of the three paths in both namespaces; the live one's pod.
+    for namespace in [&small, &large] {
+        for worker in ["live", "orphan", "young"] {
+            namespace
+                .secrets()
+                .create(&PostParams::default(), &worker_secret(worker, "bench-paths"))
+                .await
+                .unwrap();
+        }
+        namespace
+            .pods()
+            .create(&PostParams::default(), &worker_pod("live", "bench-paths"))
+            .await
+            .unwrap();
+    }
+    let namespaces = [small.name.as_str(), large.name.as_str()];
+    let pods = [10, args.pods];
+    let probe_secrets = small.secrets();
+    let probe = (&probe_secrets, "cds-worker-config-live");
+
+    let mut latency = Table::new(
+        format!(
+            "Apiserver path: secret DELETE ?dryRun=All as admin, oha {} connections (HTTP/1.1), {} rounds of {:?}, with/without the guard alternating (medians)",
+            args.connections, args.rounds, args.duration
+        ),
+        &[
+            "path",
+            "pods in namespace",
+            "p50 ms no webhook",
+            "p50 ms guard",
+            "p99 ms no webhook",
+            "p99 ms guard",
+            "req/s no webhook / guard",
+            "p50 guard / no webhook",
+            "p99 guard / no webhook",
+        ],
+    );
+    let mut scaling = Table::new(
+        format!(
+            "Apiserver path: {} pods in the namespace vs 10 (same rounds)",
+            args.pods
+        ),
+        &[
+            "path",
+            "webhook",
+            "p50 ms 10 pods",
+            format!("p50 ms {} pods", args.pods).as_str(),
+            "p50 ratio (goal ≤ 1.2)",
+            "p99 ratio",
+        ],
+    );
+
+    let young = measure_path(&args, &guard, namespaces, &PATHS[0], probe).await;
+    path_rows(&PATHS[0], pods, &young, &mut latency, &mut scaling);
+    drop(guard);
+
+    // Old secrets from here on: a guard with a 1 s grace period.
+    let guard = Guard::start_with(grace("1s"));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss_large_fresh = rss_mib(guard.pid().unwrap());
+    for path in &PATHS[1..] {
+        let results = measure_path(&args, &guard, namespaces, path, probe).await;
+        path_rows(path, pods, &results, &mut latency, &mut scaling);
+    }
+    drop(guard);
+    latency.note(
+        "Each path's secret is protected; the live pod is named after its worker (one more pod in each namespace). \
+         Deny by age runs a guard with the default grace period (10m), the others one with 1s.",
+    );
+    latency.print();
+    scaling.print();
+
+    let mut memory = Table::new(
+        "Guard memory (VmRSS) with worker pods present",
+        &["guard", "VmRSS MiB", "ratio to 10 pods"],
+    );
+    memory.row(vec!["started with 10 worker pods".into(), f2(rss_small), "1.00".into()]);
+    memory.row(vec![
+        format!("same process after {} more were created", args.pods),
+        f2(rss_large_grown),
+        f2(rss_large_grown / rss_small),
+    ]);
+    memory.row(vec![
+        format!("started with {} worker pods present", args.pods),
+        f2(rss_large_fresh),
+        f2(rss_large_fresh / rss_small),
+    ]);
+    memory.print();
+
+    let mut runs = Vec::new();
+    for replicas in [1, 2] {
+        let run = reconciler_run(&args, &admin, replicas).await;
+        eprintln!(
+            "bench_apiserver: reconciler with {replicas} replica(s): {} workers, {} failed",
+            run.spawned.workers, run.spawned.failed
+        );
+        runs.push(run);
+    }
+    reconciler_tables(&args, &runs);
+    // Deleting 10,000 pods is the namespace controller's work: only once all is measured.
+    drop((small, large));
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark of the guard, one after the other, then one report.
+#
+#   1. in-process (criterion): policy::decide and whole /validate and /mutate reviews
+#      through the router, with allocations per request   (benches/admission.rs)
+#   2. the guard against its ceiling over TLS, HTTP/1.1 and HTTP/2, alternating
+#                                                          (examples/bench_tls.rs, ceiling.rs)
+#   3. the apiserver path, memory and the reconciler's load on a local control plane of
+#      its own, on other ports than the usual one         (examples/bench_apiserver.rs)
+#
+# The load generator is oha from crates.io, installed once into
+# ~/.cache/cds-secret-guard/tools. The report (Markdown) is printed at the end and kept
+# in target/bench/report.md.
+#
+# Env:
+#   BENCH_PARTS              which parts to run (default "inprocess tls apiserver")
+#   BENCH_TLS_ARGS           e.g. "--rounds 5 --duration 5s --connections 16"
+#   BENCH_APISERVER_ARGS     e.g. "--rounds 3 --duration 5s --pods 10000 --spawn-rate 50"
+#   CDS_CP_APISERVER_PORT (9443), CDS_CP_ETCD_CLIENT_PORT (4379), CDS_CP_ETCD_PEER_PORT (4380):
+#                            the benchmark's control plane; it is stopped at the end
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+tools="$HOME/.cache/cds-secret-guard/tools"
+cluster="$repo/tests/controlplane/cluster.sh"
+parts="${BENCH_PARTS:-inprocess tls apiserver}"
+report="$repo/target/bench/report.md"
+export CDS_BENCH_REPORT="$report"
+export OHA="$tools/bin/oha"
+started=$SECONDS
+
+log() { echo "bench.sh: $*" >&2; }
+wants() { [[ " $parts " == *" $1 "* ]]; }
+
+# ---- tools ----
+if [[ ! -x "$OHA" ]]; then
+	log "installing oha (crates.io) into $tools"
+	cargo install oha --locked --root "$tools"
+fi
+command -v curl >/dev/null || { log "curl is needed"; exit 1; }
+
+# ---- build ----
+log "building (release)"
+# The bench profile (release settings, as `cargo bench` builds): one build serves all parts.
+cargo build --profile bench --locked --bins --benches --example ceiling --example bench_tls --example bench_apiserver
+
+mkdir -p "$(dirname "$report")"
+{
+	echo "# cds-secret-guard benchmarks"
+	echo
+	echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
+	echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(free -g | awk '/^Mem:/ {print $2}') GiB"
+	echo "- kernel $(uname -r); $(rustc --version); $("$OHA" --version)"
+	echo "- load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews absolute figures; ratios are measured side by side)"
+} >"$report"
+
+# ---- 1. in-process ----
+if wants inprocess; then
+	log "1/3 in-process benchmarks (criterion)"
+	cargo bench --locked --bench admission
+fi
+
+# ---- 2. guard vs ceiling over TLS ----
+if wants tls; then
+	log "2/3 guard vs ceiling over TLS"
+	# shellcheck disable=SC2086
+	target/release/examples/bench_tls ${BENCH_TLS_ARGS:-}
+fi
+
+# ---- 3. the apiserver path ----
+if wants apiserver; then
+	log "3/3 the apiserver path, on a control plane of its own"
+	export CDS_CP_APISERVER_PORT="${CDS_CP_APISERVER_PORT:-9443}"
+	export CDS_CP_ETCD_CLIENT_PORT="${CDS_CP_ETCD_CLIENT_PORT:-4379}"
+	export CDS_CP_ETCD_PEER_PORT="${CDS_CP_ETCD_PEER_PORT:-4380}"
+	# A fresh one: leftovers of an earlier run would be measured too.
+	"$cluster" down
+	trap '"$cluster" down' EXIT
+	"$cluster" up
+	# shellcheck disable=SC2086
+	target/release/examples/bench_apiserver ${BENCH_APISERVER_ARGS:-}
+fi
+
+echo "- took $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s" >>"$report"
+echo
+echo "================================================================================"
+cat "$report"
