@@ -5,14 +5,24 @@
 //! never with `resourceVersion=0`. Deciding "pod absent" from a stale read is exactly the
 //! bug this guard exists to stop.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::{
     api::core::v1::{Namespace, Pod, Secret},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
-use kube::{Api, Client, api::ListParams};
+use kube::{
+    Api, Client,
+    api::ListParams,
+    core::PartialObjectMeta,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
+        watcher::{self, watcher},
+    },
+};
 use tokio::time::Instant;
 
 use crate::{Error, Result, metrics::Metrics};
@@ -74,6 +84,9 @@ impl From<&Pod> for PodState {
 #[derive(Clone)]
 pub struct KubeLookup {
     client: Client,
+    /// Metadata-only caches of the watched namespaces, by name (one for all namespaces
+    /// under the empty name), when [`KubeLookup::watching_namespaces`] set them up.
+    namespaces: Arc<HashMap<String, Store<PartialObjectMeta<Namespace>>>>,
 }
 
 /// A [`ClusterLookup`] that always fails: used when no Kubernetes client can be
@@ -86,7 +99,60 @@ pub struct Unavailable(pub String);
 impl KubeLookup {
     /// Reads through this client.
     pub fn new(client: Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            namespaces: Arc::default(),
+        }
+    }
+
+    /// Keeps a metadata-only cache of the namespaces in `scope` (all when empty), so that
+    /// a denial in a namespace the cache shows alive stands without a read: only a
+    /// namespace the cache shows terminating (or does not know) is read by quorum. Returns
+    /// the watches to run.
+    pub fn watching_namespaces(mut self, scope: &[String]) -> (Self, impl Future<Output = ()> + Send + use<>) {
+        let all: Api<PartialObjectMeta<Namespace>> = Api::all(self.client.clone());
+        let watches: Vec<(String, watcher::Config)> = if scope.is_empty() {
+            vec![(String::new(), watcher::Config::default())]
+        } else {
+            // One watch per namespace, by name: what a Role limited to those names allows.
+            scope
+                .iter()
+                .map(|name| {
+                    (
+                        name.clone(),
+                        watcher::Config::default().fields(&format!("metadata.name={name}")),
+                    )
+                })
+                .collect()
+        };
+        let mut stores = HashMap::new();
+        let mut runs = Vec::new();
+        for (key, config) in watches {
+            let (store, writer) = reflector::store();
+            stores.insert(key, store);
+            let events = watcher(all.clone(), config)
+                .default_backoff()
+                .modify(|ns| {
+                    ns.metadata.managed_fields = None;
+                    ns.metadata.annotations = None;
+                })
+                .reflect(writer)
+                .for_each(|event| async move {
+                    if let Err(error) = event {
+                        tracing::debug!(%error, "namespace watch error, retrying");
+                    }
+                });
+            runs.push(events);
+        }
+        self.namespaces = Arc::new(stores);
+        (self, futures::future::join_all(runs).map(|_| ()))
+    }
+
+    /// What the cache says of a namespace: `Some(false)` when it shows it alive.
+    fn cached_terminating(&self, namespace: &str) -> Option<bool> {
+        let store = self.namespaces.get(namespace).or_else(|| self.namespaces.get(""))?;
+        let cached = store.get(&ObjectRef::new(namespace))?;
+        Some(cached.metadata.deletion_timestamp.is_some())
     }
 }
 
@@ -112,6 +178,11 @@ impl ClusterLookup for KubeLookup {
     }
 
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
+        // A cache that shows the namespace alive lets a denial stand (the safe side);
+        // only a quorum read may turn it into an allow.
+        if self.cached_terminating(namespace) == Some(false) {
+            return Ok(false);
+        }
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let found = namespaces.get_metadata_opt(namespace).await?;
         Ok(found.is_some_and(|ns| ns.metadata.deletion_timestamp.is_some()))

@@ -273,7 +273,6 @@ async fn reconcile(cached: Arc<PartialObjectMeta<Pod>>, context: Arc<Context>) -
         return Ok(context.forget(&key));
     };
 
-    let mut waiting = false;
     for secret in referenced_secrets(spec) {
         let cached = context
             .secrets
@@ -291,17 +290,14 @@ async fn reconcile(cached: Arc<PartialObjectMeta<Pod>>, context: Arc<Context>) -
                     this.metrics.adoption_latency(latency.as_secs_f64().max(0.0));
                 }
             }
-            // The pod may come before its secret (a secret named after the worker but not
-            // labelled is not watched): look again later.
-            Adoption::Missing => waiting = true,
-            Adoption::Present | Adoption::Refused => {}
+            // The pod came before its secret. A labelled secret (as CDS makes them) brings
+            // this pod back when it is created; one protected by its name only is not
+            // watched, and polling for it would cost a read per pod and period: it is
+            // adopted at the next reconcile of the pod (a restart's backfill).
+            Adoption::Missing | Adoption::Present | Adoption::Refused => {}
         }
     }
-    Ok(if waiting {
-        Action::requeue(context.next_retry(&key))
-    } else {
-        context.forget(&key)
-    })
+    Ok(context.forget(&key))
 }
 
 fn error_policy(pod: Arc<PartialObjectMeta<Pod>>, error: &Error, context: Arc<Context>) -> Action {

@@ -81,8 +81,9 @@ impl Server {
                 let events = Events::spawn(client.clone(), metrics.clone());
                 let policy = config.policy.clone();
                 let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone());
-                let lookup = Arc::new(KubeLookup::new(client));
-                Self::build(config, lookup, metrics, events, Some(reconciler))
+                let (lookup, namespaces) = KubeLookup::new(client).watching_namespaces(&config.policy.namespaces);
+                tokio::spawn(namespaces);
+                Self::build(config, Arc::new(lookup), metrics, events, Some(reconciler))
             }
             Err(error) => {
                 tracing::error!(%error, "no Kubernetes client: every worker-secret delete will be denied");
