@@ -57,6 +57,54 @@ pub trait ClusterLookup: Send + Sync {
 
     /// Whether the namespace is being deleted, by quorum read. Only `true` is acted on.
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool>;
+
+    /// The pod of this name as a watch last saw it, if it did: a hint that may justify a
+    /// denial at once (the safe side), never the absence of a pod.
+    fn cached_pod(&self, _namespace: &str, _name: &str) -> Option<PodState> {
+        None
+    }
+}
+
+/// The worker-labelled pods the reconciler's watches see, stripped to what liveness
+/// needs: name, uid, labels, deletion timestamp and phase.
+#[derive(Clone, Default)]
+pub struct PodCache {
+    stores: Arc<std::sync::RwLock<Vec<Store<Pod>>>>,
+}
+
+// === impl PodCache ===
+
+impl PodCache {
+    /// Adds the store of one watch (one per watched namespace, or one for all).
+    pub fn add(&self, store: Store<Pod>) {
+        self.stores
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(store);
+    }
+
+    /// The pod as last seen, if a watch saw it.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<PodState> {
+        let key = ObjectRef::new(name).within(namespace);
+        let stores = self.stores.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        stores
+            .iter()
+            .find_map(|store| store.get(&key))
+            .map(|pod| PodState::from(&*pod))
+    }
+
+    /// Drops what the cache does not need before a pod is stored (spec, status but its
+    /// phase, annotations, managed fields): memory, and nothing of a secret's.
+    pub fn strip(pod: &mut Pod) {
+        pod.metadata.managed_fields = None;
+        pod.metadata.annotations = None;
+        pod.spec = None;
+        let phase = pod.status.take().and_then(|status| status.phase);
+        pod.status = phase.map(|phase| k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase),
+            ..Default::default()
+        });
+    }
 }
 
 // === impl PodState ===
@@ -84,6 +132,7 @@ impl From<&Pod> for PodState {
 #[derive(Clone)]
 pub struct KubeLookup {
     client: Client,
+    pods: PodCache,
     /// Metadata-only caches of the watched namespaces, by name (one for all namespaces
     /// under the empty name), when [`KubeLookup::watching_namespaces`] set them up.
     namespaces: Arc<HashMap<String, Store<PartialObjectMeta<Namespace>>>>,
@@ -101,8 +150,15 @@ impl KubeLookup {
     pub fn new(client: Client) -> Self {
         Self {
             client,
+            pods: PodCache::default(),
             namespaces: Arc::default(),
         }
+    }
+
+    /// Consults `pods`, the reconciler's watch of worker pods, before denying by a read.
+    #[must_use]
+    pub fn with_pod_cache(self, pods: PodCache) -> Self {
+        Self { pods, ..self }
     }
 
     /// Keeps a metadata-only cache of the namespaces in `scope` (all when empty), so that
@@ -187,6 +243,10 @@ impl ClusterLookup for KubeLookup {
         let found = namespaces.get_metadata_opt(namespace).await?;
         Ok(found.is_some_and(|ns| ns.metadata.deletion_timestamp.is_some()))
     }
+
+    fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {
+        self.pods.get(namespace, name)
+    }
 }
 
 #[async_trait]
@@ -247,6 +307,10 @@ impl ClusterLookup for Metered {
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
         self.measure(self.inner.namespace_terminating(namespace)).await
     }
+
+    fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {
+        self.inner.cached_pod(namespace, name)
+    }
 }
 
 /// The reads of one decision, sharing one deadline: a read still running at the
@@ -302,5 +366,9 @@ impl ClusterLookup for Deadline<'_> {
 
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
         self.within(self.inner.namespace_terminating(namespace)).await
+    }
+
+    fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {
+        self.inner.cached_pod(namespace, name)
     }
 }

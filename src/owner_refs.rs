@@ -47,7 +47,7 @@ use crate::{
     Error, Result,
     config::PolicyConfig,
     events::{Events, secret_reference},
-    lookup::PodState,
+    lookup::{PodCache, PodState},
     metrics::Metrics,
     mutation::referenced_secrets,
 };
@@ -68,6 +68,7 @@ pub struct Reconciler {
     policy: PolicyConfig,
     metrics: Arc<Metrics>,
     events: Events,
+    pod_cache: PodCache,
 }
 
 /// What an adoption attempt did to one secret.
@@ -103,23 +104,30 @@ pub fn may_adopt(policy: &PolicyConfig, secret: &ObjectMeta, pod: &Pod) -> bool 
 /// What the reconciles of one scope share.
 struct Context {
     reconciler: Arc<Reconciler>,
-    /// Worker-labelled pods, metadata only: what the controller reconciles.
-    pods: Store<PartialObjectMeta<Pod>>,
+    /// Worker-labelled pods, stripped to their liveness: what the controller reconciles.
+    pods: Store<Pod>,
     /// Worker-labelled secrets, metadata only: a hint of what exists and what is done.
     secrets: Store<PartialObjectMeta<Secret>>,
-    retries: Mutex<HashMap<ObjectRef<PartialObjectMeta<Pod>>, u32>>,
+    retries: Mutex<HashMap<ObjectRef<Pod>, u32>>,
 }
 
 // === impl Reconciler ===
 
 impl Reconciler {
     /// A reconciler writing through `client`.
-    pub fn new(client: Client, policy: PolicyConfig, metrics: Arc<Metrics>, events: Events) -> Arc<Self> {
+    pub fn new(
+        client: Client,
+        policy: PolicyConfig,
+        metrics: Arc<Metrics>,
+        events: Events,
+        pod_cache: PodCache,
+    ) -> Arc<Self> {
         Arc::new(Self {
             client,
             policy,
             metrics,
             events,
+            pod_cache,
         })
     }
 
@@ -152,20 +160,17 @@ impl Reconciler {
     async fn run_scope(self: Arc<Self>, namespace: Option<String>, shutdown: CancellationToken) {
         let labelled = watcher::Config::default().labels(&self.policy.worker_label);
 
+        // Whole pods (a metadata-only watch has no phase), kept only as far as liveness
+        // goes: the same store is the lookups' cache of live pods.
         let (pods, pod_writer) = reflector::store();
-        let pod_events = watcher(
-            self.api::<PartialObjectMeta<Pod>>(namespace.as_deref()),
-            labelled.clone(),
-        )
-        .default_backoff()
-        .modify(|pod| {
-            pod.metadata.managed_fields = None;
-            pod.metadata.annotations = None;
-        })
-        .reflect(pod_writer)
-        .applied_objects()
-        // Once per pod UID: status updates change nothing adoption depends on.
-        .predicate_filter(uid, Default::default());
+        self.pod_cache.add(pods.clone());
+        let pod_events = watcher(self.api::<Pod>(namespace.as_deref()), labelled.clone())
+            .default_backoff()
+            .modify(PodCache::strip)
+            .reflect(pod_writer)
+            .applied_objects()
+            // Once per pod UID: status updates change nothing adoption depends on.
+            .predicate_filter(uid, Default::default());
 
         let (secrets, secret_writer) = reflector::store();
         let secret_events = watcher(self.api::<PartialObjectMeta<Secret>>(namespace.as_deref()), labelled)
@@ -253,7 +258,7 @@ impl Reconciler {
 
 /// One pod: read it by quorum, then adopt each protected secret of its worker that its
 /// spec references.
-async fn reconcile(cached: Arc<PartialObjectMeta<Pod>>, context: Arc<Context>) -> Result<Action> {
+async fn reconcile(cached: Arc<Pod>, context: Arc<Context>) -> Result<Action> {
     let this = &context.reconciler;
     let key = ObjectRef::from_obj(&*cached);
     let (Some(namespace), Some(name)) = (cached.metadata.namespace.as_deref(), cached.metadata.name.as_deref()) else {
@@ -300,7 +305,7 @@ async fn reconcile(cached: Arc<PartialObjectMeta<Pod>>, context: Arc<Context>) -
     Ok(context.forget(&key))
 }
 
-fn error_policy(pod: Arc<PartialObjectMeta<Pod>>, error: &Error, context: Arc<Context>) -> Action {
+fn error_policy(pod: Arc<Pod>, error: &Error, context: Arc<Context>) -> Action {
     context.reconciler.metrics.reconcile_error();
     let delay = context.next_retry(&ObjectRef::from_obj(&*pod));
     tracing::warn!(%error, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, ?delay, "cannot adopt the pod's secrets, retrying");
@@ -309,7 +314,7 @@ fn error_policy(pod: Arc<PartialObjectMeta<Pod>>, error: &Error, context: Arc<Co
 
 /// The pod a secret event concerns: the one named after its worker. A secret that has a
 /// Pod owner already is done (the garbage collector's business now).
-fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<PartialObjectMeta<Pod>>> {
+fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<Pod>> {
     if crate::policy::pod_owners(secret).next().is_some() || secret.deletion_timestamp.is_some() {
         return None;
     }
@@ -318,7 +323,7 @@ fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<Partia
 }
 
 /// The predicate that lets each pod through once per UID.
-fn uid(pod: &PartialObjectMeta<Pod>) -> Option<u64> {
+fn uid(pod: &Pod) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     pod.metadata.uid.as_ref()?.hash(&mut hasher);
     Some(hasher.finish())
@@ -328,7 +333,7 @@ fn uid(pod: &PartialObjectMeta<Pod>) -> Option<u64> {
 
 impl Context {
     /// The delay before the next attempt for `pod`: 1 s, doubling up to 5 min.
-    fn next_retry(&self, pod: &ObjectRef<PartialObjectMeta<Pod>>) -> Duration {
+    fn next_retry(&self, pod: &ObjectRef<Pod>) -> Duration {
         let mut retries = self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Forget pods that are gone, now and then, so the map stays small.
         if retries.len() > 1024 {
@@ -340,7 +345,7 @@ impl Context {
     }
 
     /// Done with `pod`: nothing to retry.
-    fn forget(&self, pod: &ObjectRef<PartialObjectMeta<Pod>>) -> Action {
+    fn forget(&self, pod: &ObjectRef<Pod>) -> Action {
         self.retries
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

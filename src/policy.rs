@@ -171,6 +171,10 @@ async fn rules(
     age: Duration,
     owners: &[&OwnerReference],
 ) -> Verdict {
+    if let Some(verdict) = cached_denial(lookup, config, namespace, name, &worker, age, owners) {
+        return verdict;
+    }
+
     let mut names: Vec<&str> = owners.iter().map(|owner| owner.name.as_str()).collect();
     names.push(&worker);
     names.sort_unstable();
@@ -224,6 +228,33 @@ async fn rules(
     }
     let message = format!("no pod of worker {worker} exists");
     Verdict::allow(Reason::Orphan, Some(worker), Some(age), message)
+}
+
+/// Rules 4 and 5 from the reconciler's watch, without a read: a live pod it shows as an
+/// owner (same UID) or as the namesake of an unowned secret denies at once. The safe side
+/// only: a stale cache keeps a secret a little longer, never loses one, and a pod the cache
+/// lacks proves nothing. A namesake beside other owners falls through to the reads, which
+/// alone can tell whether those owners are gone (rule 3).
+fn cached_denial(
+    lookup: &dyn ClusterLookup,
+    config: &PolicyConfig,
+    namespace: &str,
+    name: &str,
+    worker: &str,
+    age: Duration,
+    owners: &[&OwnerReference],
+) -> Option<Verdict> {
+    let live = |pod: &str| lookup.cached_pod(namespace, pod).filter(PodState::is_live);
+    let pod = owners
+        .iter()
+        .find_map(|owner| live(&owner.name).filter(|pod| pod.uid == owner.uid))
+        .or_else(|| live(worker).filter(|_| owners.is_empty()))?;
+    let worker = worker.to_owned();
+    Some(if age < config.grace_period {
+        too_young(config, name, worker, age)
+    } else {
+        pod_live(name, worker, age, &pod)
+    })
 }
 
 /// The pods of these names, by quorum read, all at once. A name no pod can have is

@@ -38,7 +38,7 @@ use crate::{
     api::{self, AppState},
     config::Limits,
     events::Events,
-    lookup::{ClusterLookup, KubeLookup, Unavailable},
+    lookup::{ClusterLookup, KubeLookup, PodCache, Unavailable},
     metrics::Metrics,
     owner_refs::Reconciler,
     tls::CertStore,
@@ -80,8 +80,11 @@ impl Server {
                 let metrics = Arc::new(Metrics::default());
                 let events = Events::spawn(client.clone(), metrics.clone());
                 let policy = config.policy.clone();
-                let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone());
-                let (lookup, namespaces) = KubeLookup::new(client).watching_namespaces(&config.policy.namespaces);
+                let pods = PodCache::default();
+                let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone(), pods.clone());
+                let (lookup, namespaces) = KubeLookup::new(client)
+                    .with_pod_cache(pods)
+                    .watching_namespaces(&config.policy.namespaces);
                 tokio::spawn(namespaces);
                 Self::build(config, Arc::new(lookup), metrics, events, Some(reconciler))
             }

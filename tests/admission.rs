@@ -437,6 +437,71 @@ async fn oversize_body_is_413_and_a_1mib_secret_fits() {
     assert!(answer["error"].as_str().unwrap().contains("cannot read request body"));
 }
 
+/// The reconciler's watch may deny without a read, never allow: a live pod it shows as
+/// the owner, or as the namesake of an unowned secret, denies even when the apiserver
+/// cannot be read; a pod it does not show, or shows finished, leaves it to the reads.
+#[rstest]
+#[case::live_owner_with_the_apiserver_down(
+    owned_by(secret_delete(OLD), "w1", "uid-1"), vec![pod("w1", "uid-1", "Running", "w1")], true,
+    deny("pod-live", "pod w1 (uid uid-1, Running) still uses secret"))]
+#[case::live_owner_in_the_grace_period(
+    owned_by(secret_delete(YOUNG), "w1", "uid-1"), vec![pod("w1", "uid-1", "Pending", "w1")], true,
+    deny("too-young", "12s old"))]
+#[case::live_namesake_of_an_unowned_secret(
+    secret_delete(OLD), vec![pod("w1", "uid-1", "Running", "w1")], true,
+    deny("pod-live", "pod w1 (uid uid-1, Running)"))]
+#[case::a_stale_cache_keeps_a_secret_a_little_longer(
+    secret_delete(OLD), vec![pod("w1", "uid-1", "Running", "w1")], false,
+    deny("pod-live", "pod w1"))]
+#[case::finished_pod_proves_nothing(
+    secret_delete(OLD), vec![pod("w1", "uid-1", "Succeeded", "w1")], true,
+    deny("lookup-failed", "refusing to delete it"))]
+#[case::other_uid_than_the_owner_is_left_to_the_reads(
+    owned_by(secret_delete(OLD), "w1", "uid-1"), vec![pod("w1", "uid-2", "Running", "w1")], false,
+    allow("owner-gone"))]
+#[case::namesake_beside_another_owner_is_left_to_the_reads(
+    owned_by(secret_delete(OLD), "w1-old", "uid-0"), vec![pod("w1", "uid-1", "Running", "w1")], true,
+    deny("lookup-failed", "refusing to delete it"))]
+#[tokio::test]
+async fn the_pod_cache_only_ever_denies(
+    #[case] review: Value,
+    #[case] cached: Vec<FakePod>,
+    #[case] apiserver_down: bool,
+    #[case] expect: Expect,
+) {
+    let cluster = FakeCluster {
+        cached,
+        failing: apiserver_down,
+        ..FakeCluster::default()
+    };
+    let server = server(Arc::new(cluster), policy());
+
+    let (status, answer) = post(&server.router(), "/validate", review.to_string()).await;
+
+    assert_eq!(status, StatusCode::OK);
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], expect.allowed, "{answer}");
+    let reason = if expect.allowed {
+        let (_, metrics) = get_text(&server.probe_router(), "/metrics").await;
+        let labels = [("decision", "allow"), ("reason", expect.reason)];
+        assert_eq!(
+            counter(&metrics, "cds_secret_guard_admission_decisions_total", &labels),
+            1.0,
+            "{metrics}"
+        );
+        expect.reason
+    } else {
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(expect.message),
+            "{message:?} lacks {:?}",
+            expect.message
+        );
+        response["auditAnnotations"]["reason"].as_str().unwrap()
+    };
+    assert_eq!(reason, expect.reason, "{answer}");
+}
+
 #[tokio::test]
 async fn a_denial_in_a_terminating_namespace_is_an_allow() {
     let cluster = FakeCluster::with_pods([pod("w1", "uid-1", "Running", "w1")]);

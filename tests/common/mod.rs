@@ -98,6 +98,8 @@ pub struct FakeCluster {
     pub pods: Mutex<Vec<FakePod>>,
     pub secrets: Mutex<Vec<ObjectMeta>>,
     pub terminating_namespaces: Mutex<Vec<String>>,
+    /// What a watch shows, which may differ from `pods` (a stale cache).
+    pub cached: Vec<FakePod>,
     pub failing: bool,
     /// Only the label-selected lists fail.
     pub failing_lists: bool,
@@ -194,6 +196,10 @@ impl ClusterLookup for FakeCluster {
             .unwrap()
             .iter()
             .any(|n| n == namespace))
+    }
+
+    fn cached_pod(&self, _: &str, name: &str) -> Option<PodState> {
+        self.cached.iter().find(|p| p.name == name).cloned()
     }
 }
 
