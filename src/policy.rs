@@ -159,9 +159,9 @@ pub async fn decide(
     }
 }
 
-/// Rules 3 to 7. The pods are read by name first (the owners and the worker's
-/// namesake, at once), and the label query only when those reads leave the answer open:
-/// it costs the apiserver a scan of the namespace's pods.
+/// Rules 3 to 7. A live pod the reconciler's watch shows denies without a read; else
+/// the pods are read by name (the owners and the worker's namesake) and by label, all at
+/// once: past the watch, the reads are mostly on the way to an allow, which needs them all.
 async fn rules(
     lookup: &dyn ClusterLookup,
     config: &PolicyConfig,
@@ -179,7 +179,10 @@ async fn rules(
     names.push(&worker);
     names.sort_unstable();
     names.dedup();
-    let named = read_named(lookup, namespace, &names).await;
+    let (named, labelled) = futures::join!(
+        read_named(lookup, namespace, &names),
+        read_labelled(lookup, config, namespace, &worker)
+    );
     let read = |pod: &str| named.iter().find(|(n, _)| n == pod).map(|(_, read)| read);
 
     // Rule 3: every owner is gone, or replaced by a new pod under its name.
@@ -212,7 +215,7 @@ async fn rules(
     }
 
     // Rule 5, by label; rule 6 for it.
-    match read_labelled(lookup, config, namespace, &worker).await {
+    match labelled {
         Ok(pods) => {
             if let Some(pod) = pods.iter().find(|pod| pod.is_live()) {
                 return pod_live(name, worker, age, pod);
