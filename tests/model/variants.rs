@@ -1,0 +1,89 @@
+//! Which guard, which adoption and which cleanup run in the model. The real guard and the
+//! real adoption are the product's functions (see `guard`); everything else here is a
+//! deliberately broken copy kept only to show that the model finds what they break.
+
+use cds_secret_guard::{
+    config::PolicyConfig,
+    lookup::PodState,
+    mutation::PROTECTED_SECRETS_ANNOTATION,
+    policy::{Reason, Verdict},
+};
+use k8s_openapi::api::core::v1::Pod as KubePod;
+
+use crate::{
+    guard::{Memo, Requester, View},
+    world::{Secret, SecretId},
+};
+
+/// The validating webhook on secret DELETEs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// `policy::decide`, the product's rules.
+    Real,
+    /// No webhook registered: every delete goes through.
+    Off,
+    /// The old rule 3, checked before rule 5: "all Pod owners gone → allow".
+    OldRule3,
+}
+
+/// How the reconciler picks and vets the secrets a pod may own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adoption {
+    /// The secrets the pod's spec references, vetted by `owner_refs::may_adopt`.
+    Real,
+    /// Before the fix: every secret listed in the pod's protected-secrets annotation, for
+    /// any live pod carrying the worker label.
+    PreFixAnnotation,
+}
+
+/// Which version of CDS's `deleteSecrets` the hatchery `h1` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Deletes every hatchery-labelled secret whose worker is in no listed pod.
+    BeforeFix,
+    /// The same, skipping secrets younger than its own grace period (upstream's fix).
+    AfterFix,
+}
+
+/// The decision of the configured guard on one secret DELETE.
+pub fn admit(
+    variant: Guard,
+    memo: &Memo,
+    view: &View<'_>,
+    id: SecretId,
+    secret: &Secret,
+    requester: Requester,
+) -> Verdict {
+    match variant {
+        Guard::Real => memo.decide(view, id, secret, requester),
+        Guard::Off => Verdict::allow(Reason::NotProtected, None, None, "no guard".to_owned()),
+        Guard::OldRule3 => {
+            let protected = view.policy.worker_of_secret(&view.meta(id, secret)).is_some();
+            let owners_gone =
+                !secret.owners.is_empty() && secret.owners.iter().all(|&owner| !view.snapshot.has_pod(owner));
+            if protected && owners_gone {
+                // The old rule: the owners are gone, so the garbage collector may go ahead,
+                // whatever else uses the secret now.
+                Verdict::allow(Reason::OwnerGone, None, None, "all Pod owners gone".to_owned())
+            } else {
+                memo.decide(view, id, secret, requester)
+            }
+        }
+    }
+}
+
+/// The pre-fix adoption predicate: trusts the pod's labels and annotation.
+pub fn pre_fix_may_adopt(policy: &PolicyConfig, secret: &str, pod: &KubePod) -> bool {
+    let labelled = pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(&policy.worker_label));
+    let listed = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PROTECTED_SECRETS_ANNOTATION))
+        .is_some_and(|list| list.split(',').any(|name| name == secret));
+    labelled && listed && PodState::from(pod).is_live()
+}
