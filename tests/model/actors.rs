@@ -3,33 +3,38 @@
 //!
 //! Environment (no fairness: may stop at any point, which is how a crash looks):
 //! - the **hatcheries** `h1` (worker `w1`) and `h2` (worker `w2`), in CDS's order: CREATE
-//!   secret, CREATE pod (409 when the name is taken); then, at any time, the kill path:
-//!   DELETE pod, DELETE secret;
-//! - the **pods' lifecycle**: Pending → Running → Succeeded;
+//!   secret, CREATE pod (409 when the name is taken: the worker never runs); then, at any
+//!   time, the kill path: DELETE pod, DELETE secret (a refusal is not retried);
+//! - the **pods' lifecycle**: Pending → Running → Succeeded. A DELETE removes a Pending
+//!   (unscheduled) pod at once and marks any other terminating;
 //! - the **adversary**: CREATE pods of any shape in its catalogue (through the mutating
 //!   webhook) and DELETE any pod. It has no right on secrets.
 //!
 //! System (weakly fair: keeps stepping while it has something to do):
-//! - the **cleanup** of `h1` (CDS's `deleteSecrets`): LIST pods of `h1` (stale: any
-//!   revision at most K behind), LIST secrets with a hatchery label (quorum), DELETE each
-//!   one whose worker is in no listed pod (after the fix: only if older than its grace);
-//! - the **garbage collector**: for a secret with Pod owners, GET the owners (quorum); if
-//!   all are gone, DELETE the secret; a denied delete is retried;
-//! - the **reconciler** replicas: a queue of pod names fed by watch events; GET the pod
-//!   (quorum), then for each secret its spec references, read it (from the label-selected
-//!   cache, which may lag, or by GET), vet it with `may_adopt`, and PATCH its
-//!   ownerReferences with its resourceVersion as a precondition;
+//! - the **cleanup** of `h1` (CDS's `deleteSecrets`): LIST pods labelled `h1` (stale: it
+//!   may miss the last K changes of its answer), LIST secrets with a hatchery label
+//!   (quorum), DELETE each one whose worker is in no listed pod (after upstream's fix:
+//!   only if older than the cleanup's own grace period);
+//! - the **garbage collector**: for a secret whose Pod owners are all gone (no pod with
+//!   their name and UID), GET the owners (quorum), then DELETE the secret; a denied delete
+//!   is retried;
+//! - the **reconciler** replicas: a queue of pod names fed by watch events (a worker-
+//!   labelled pod created, an unowned worker secret created for an existing pod); GET the
+//!   pod (quorum), then for each secret its spec references: found in the label-selected
+//!   cache (which may lag) it is vetted with `may_adopt` and PATCHed at once, else read by
+//!   GET, vetted and PATCHed; the PATCH carries the resourceVersion read as a precondition;
 //! - the **kubelet**: removes a terminating pod;
-//! - the **clock** (a tick ages every secret) and **replication** (a lagging replica
-//!   catches up: the history of stale revisions is dropped).
+//! - the **clock** (a tick ages the secrets) and **replication** (a lagging replica
+//!   catches up: stale answers are gone).
 //!
 //! Every secret DELETE goes through the guard (the configured [`Guard`] variant).
 //!
-//! A looping system actor only starts a new round when something it reads changed since
-//! it started the last one: a round over an unchanged world can do nothing the last one
-//! could not (all its choices were explored from the same world). This keeps the state
-//! graph finite and acyclic without removing behaviours, and makes a state where no system
-//! actor can step the true end of every fair run (see `properties`).
+//! A system actor never repeats itself over an unchanged world: the cleanup starts a new
+//! round, and the garbage collector retries a denied delete, only once something they read
+//! has changed; the reconciler runs on events. A repeat over the same world could do
+//! nothing the first run could not (its choices were all explored from that world). This
+//! keeps the state graph finite and acyclic without losing behaviours, and makes a state
+//! where no system step is offered the true end of every fair run (see `properties`).
 //!
 //! [`Guard`]: crate::variants::Guard
 
@@ -183,6 +188,16 @@ pub enum Action {
     ReconcilePatch(u8),
     Tick,
     Sync,
+}
+
+impl Action {
+    /// Whether the step is the system's (weakly fair) rather than the environment's.
+    pub fn is_system(self) -> bool {
+        !matches!(
+            self,
+            Action::Hatchery(_) | Action::PodPhase(_) | Action::AdversaryCreate(_) | Action::AdversaryDelete(_)
+        )
+    }
 }
 
 /// What a step did, for traces.

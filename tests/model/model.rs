@@ -18,7 +18,8 @@ use crate::{
 pub struct Bounds {
     /// Workers spawned: `w1` by `h1`, then `w2` by `h2`.
     pub workers: u8,
-    /// The cleanup's pod list may miss this many of the latest changes (K).
+    /// The cleanup's pod list may miss this many of the latest changes (K). It has two
+    /// answers here (`w1` listed or not), so K = 1 already lets it be any age.
     pub k: u8,
     /// The reconciler's secret cache may miss this many of the latest changes.
     pub cache_k: u8,
@@ -162,7 +163,14 @@ impl Model for GuardModel {
     }
 
     fn next_state(&self, state: &State, action: Action) -> Option<State> {
-        self.apply(state, action).map(|(next, _)| next)
+        let next = self.apply(state, action).map(|(next, _)| next);
+        // Quiescence is "no system step offered": that is only the end of a fair run if
+        // every system step offered does something.
+        assert!(
+            next.is_some() || !action.is_system(),
+            "system step {action:?} offered but changes nothing"
+        );
+        next
     }
 
     fn properties(&self) -> Vec<Property<Self>> {

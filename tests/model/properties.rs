@@ -15,7 +15,10 @@
 //!   `db-password` is never deleted), and every deletion by the garbage collector must be
 //!   of the secret of an ended worker. This is what an adversary pod under another name, a
 //!   label, an annotation or a stale ownerReference must not achieve against a pending or
-//!   running worker, its own or another.
+//!   running worker, its own or another. The deletes CDS sends itself (its cleanup, its
+//!   kill path) are its own decisions, which the guard filters: there the guard's answer
+//!   rests on live pods, which the adversary can add (more denials) or delete (ending a
+//!   worker: its right), and *no lost secret* is the contract.
 //!
 //!   The documented exception is the *name squat*. A pod's name is the worker's identity
 //!   in Kubernetes: CDS names the pod after the worker. When the adversary creates the pod

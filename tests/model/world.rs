@@ -1,14 +1,15 @@
-//! The world: an etcd-like store of pods and secrets, in a compact hashable form, with the
-//! short history of snapshots that stale reads are served from, and the conversions to the
-//! k8s-openapi values the product's functions take.
+//! The world: an etcd-like store of pods and secrets in a compact hashable form, the
+//! short history of past answers that stale reads are served from, and the conversions to
+//! the k8s-openapi values the product's functions take.
 //!
 //! Objects live in fixed slots: a namespace holds at most one pod per name, so pods are
 //! indexed by name (`w1`, `w2`, `x`); secrets by name (`cds-worker-config-w1`,
-//! `cds-worker-config-w2`, `db-password`). Revisions are implicit: the current snapshot is
-//! revision R and `history[i]` is revision R-1-i. Absolute revision numbers are not kept:
-//! they would make two states that differ only in how many writes led to them look
-//! different, and nothing reads them (a secret's resourceVersion is its own write count,
-//! enough for conditional writes because no secret is ever recreated under its name).
+//! `cds-worker-config-w2`, `db-password`). Revisions are implicit: every write makes a new
+//! one, and what a stale read may still see is kept per stale reader ([`Lagging`]).
+//! Absolute revision numbers are not kept: they would make two states that differ only in
+//! how many writes led to them look different, and nothing reads them (a secret's
+//! resourceVersion is its own write count, enough for conditional writes because no
+//! secret is ever recreated under its name).
 
 use std::{collections::BTreeMap, fmt, marker::PhantomData, time::Duration};
 
