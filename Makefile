@@ -15,7 +15,7 @@ down: ## Stop the guard and the local control plane
 	hack/local.sh down
 
 .PHONY: test
-test: ## All tests: unit, handler, TLS, end-to-end against the real control plane, chart and alerts
+test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-end against the real control plane, chart and alerts
 	tests/controlplane/cluster.sh up
 	tests/tools/build.sh
 	cargo test --locked --all-targets
@@ -62,6 +62,10 @@ fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); 
 .PHONY: tools
 tools: ## Build helm and promtool (cached) into target/tools/bin
 	tests/tools/build.sh
+
+.PHONY: model
+model: ## The model check, deep bounds (tests/model): state counts and times per bound; MODEL_THREADS=2 for both cores
+	cargo test --release --locked --test model -- --ignored --nocapture the_protocol_holds_within_the_deep_bounds
 
 .PHONY: race
 race: ## The hatchery race, long (10,000 spawns per mode); CDS_CP_HA=1 for two apiservers, RACE_ARGS for more
