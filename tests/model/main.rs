@@ -162,20 +162,38 @@ fn check_short(cleanup: Cleanup) {
 
 #[test]
 fn without_the_guard_the_cleanup_loses_secrets() {
-    for cleanup in [Cleanup::BeforeFix, Cleanup::AfterFix] {
+    // CDS alone, no adversary: the race of the original report, then the same after
+    // upstream's fix (a list older than the cleanup's grace period), then another hatchery
+    // in the namespace (its secrets are listed, its pods are not).
+    let honest = Bounds {
+        adversary_pods: 0,
+        ..short()
+    };
+    let cases = [
+        (Cleanup::BeforeFix, honest, "its own worker", "w1"),
+        (Cleanup::AfterFix, honest, "its own worker", "w1"),
+        (
+            Cleanup::AfterFix,
+            Bounds { workers: 2, ..honest },
+            "another hatchery's worker",
+            "w2",
+        ),
+    ];
+    for (cleanup, bounds, victim, worker) in cases {
         let variant = Variant {
             guard: Guard::Off,
             ..Variant::real(cleanup)
         };
-        // CDS alone, no adversary: the race of the original report.
-        let honest = Bounds {
-            adversary_pods: 0,
-            ..short()
-        };
-        let trace = counterexample(honest, variant, NO_LOST_SECRET)
+        let trace = counterexample(bounds, variant, NO_LOST_SECRET)
             .unwrap_or_else(|| panic!("without the guard, the {cleanup:?} cleanup must lose a secret"));
-        println!("no guard, cleanup {cleanup:?}: {NO_LOST_SECRET} fails:\n{trace}");
-        assert!(trace.contains("cleanup h1"), "the cleanup deletes it:\n{trace}");
+        println!("no guard, cleanup {cleanup:?}, {victim}: {NO_LOST_SECRET} fails:\n{trace}");
+        let deleted = format!("DELETE secret cds-worker-config-{worker}");
+        assert!(
+            trace
+                .lines()
+                .any(|step| step.contains("cleanup h1") && step.contains(&deleted)),
+            "the cleanup of h1 deletes {victim}'s secret:\n{trace}"
+        );
     }
 }
 
