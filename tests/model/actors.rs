@@ -108,9 +108,8 @@ pub struct Gc {
 
 /// A reconciler replica: its own watches, its own queue.
 ///
-/// The real reconciler also requeues a pod whose secret is missing, with backoff. Here a
-/// missing secret only comes back by being created, and its watch event queues the pod
-/// again, so those retries add nothing and are left out.
+/// As in the real reconciler, a pod whose secret is missing is not requeued: the secret's
+/// creation (CDS labels its secrets, so the secret watch sees it) queues the pod again.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reconciler {
     /// Pod names queued by watch events.
