@@ -12,7 +12,7 @@ use std::{collections::HashMap, sync::Mutex};
 use async_trait::async_trait;
 use cds_secret_guard::{
     config::PolicyConfig,
-    lookup::{ClusterLookup, PodState},
+    lookup::{ClusterLookup, PodState, Unavailable},
     mutation,
     owner_refs::may_adopt,
     policy::{self, SecretDelete, Verdict},
@@ -165,6 +165,27 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The real validating decision on a DELETE of `id` by `requester`, with the secret as it
 /// is now (`oldObject`) and quorum reads of the current snapshot.
 pub fn decide(view: &View<'_>, id: SecretId, secret: &Secret, requester: Requester) -> Verdict {
+    let lookup = StoreLookup {
+        snapshot: view.snapshot,
+        ages: view.ages,
+        clock: view.clock,
+    };
+    decide_with(view, id, secret, requester, &lookup)
+}
+
+/// The real validating decision when every read fails (the apiserver unreachable).
+pub fn decide_unreachable(view: &View<'_>, id: SecretId, secret: &Secret, requester: Requester) -> Verdict {
+    let lookup = Unavailable("the model's apiserver is unreachable".to_owned());
+    decide_with(view, id, secret, requester, &lookup)
+}
+
+fn decide_with(
+    view: &View<'_>,
+    id: SecretId,
+    secret: &Secret,
+    requester: Requester,
+    lookup: &dyn ClusterLookup,
+) -> Verdict {
     let meta = view.meta(id, secret);
     let request = SecretDelete {
         namespace: NAMESPACE,
@@ -173,12 +194,7 @@ pub fn decide(view: &View<'_>, id: SecretId, secret: &Secret, requester: Request
         username: Some(requester.username()),
         groups: &[],
     };
-    let lookup = StoreLookup {
-        snapshot: view.snapshot,
-        ages: view.ages,
-        clock: view.clock,
-    };
-    futures::executor::block_on(policy::decide(view.policy, &request, &lookup, view.clock.now))
+    futures::executor::block_on(policy::decide(view.policy, &request, lookup, view.clock.now))
 }
 
 /// The real adoption predicate: may the pod named `name`, as a quorum read returned it,

@@ -29,7 +29,7 @@ use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
 use crate::{
     model::{Bounds, Catalogue, GuardModel, Variant},
-    properties::{NO_CONFUSED_DEPUTY, NO_LOST_SECRET},
+    properties::{ADOPTED, NO_CONFUSED_DEPUTY, NO_LEAK, NO_LOST_SECRET},
     variants::{Adoption, Cleanup, Guard},
 };
 
@@ -237,6 +237,36 @@ fn the_old_rule_3_loses_secrets() {
         .expect("allowing every owner-gone delete must lose a secret a live pod uses");
     println!("old rule 3: {NO_LOST_SECRET} fails:\n{trace}");
     assert!(trace.contains("owner-gone"), "the old rule 3 allows it:\n{trace}");
+}
+
+#[test]
+fn the_liveness_properties_bite() {
+    let honest = Bounds {
+        adversary_pods: 0,
+        ..short()
+    };
+    // No reconciler: a live worker's secret never gets its ownerReference.
+    let alone = Bounds {
+        reconcilers: 0,
+        ..honest
+    };
+    let trace = counterexample(alone, Variant::real(Cleanup::AfterFix), ADOPTED)
+        .expect("without a reconciler, a live worker's secret must stay unowned");
+    println!("no reconciler: {ADOPTED} fails:\n{trace}");
+    assert!(trace.contains("CREATE pod w1"), "the worker's pod is there:\n{trace}");
+
+    // A guard that can never read fails closed: a secret outlives its worker.
+    let variant = Variant {
+        guard: Guard::Unreachable,
+        ..Variant::real(Cleanup::AfterFix)
+    };
+    let trace =
+        counterexample(honest, variant, NO_LEAK).expect("a guard that never reads must keep a dead worker's secret");
+    println!("unreachable apiserver: {NO_LEAK} fails:\n{trace}");
+    assert!(
+        trace.contains("403 denied (lookup-failed)"),
+        "the guard refuses:\n{trace}"
+    );
 }
 
 #[test]

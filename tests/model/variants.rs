@@ -11,7 +11,7 @@ use cds_secret_guard::{
 use k8s_openapi::api::core::v1::Pod as KubePod;
 
 use crate::{
-    guard::{Memo, Requester, View},
+    guard::{self, Memo, Requester, View},
     world::{Secret, SecretId},
 };
 
@@ -24,6 +24,10 @@ pub enum Guard {
     Off,
     /// The old rule 3, checked before rule 5: "all Pod owners gone → allow".
     OldRule3,
+    /// `policy::decide` with every read failing (the apiserver unreachable for good): it
+    /// fails closed, so nothing protected is ever deleted and secrets leak. Not a bug but
+    /// the price of failing closed; here to show that the liveness properties bite.
+    Unreachable,
 }
 
 /// How the reconciler picks and vets the secrets a pod may own.
@@ -57,6 +61,7 @@ pub fn admit(
     match variant {
         Guard::Real => memo.decide(view, id, secret, requester),
         Guard::Off => Verdict::allow(Reason::NotProtected, None, None, "no guard".to_owned()),
+        Guard::Unreachable => guard::decide_unreachable(view, id, secret, requester),
         Guard::OldRule3 => {
             let protected = view.policy.worker_of_secret(&view.meta(id, secret)).is_some();
             let owners_gone =
