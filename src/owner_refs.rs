@@ -47,7 +47,7 @@ use crate::{
     Error, Result,
     config::PolicyConfig,
     events::{Events, secret_reference},
-    lookup::{PodCache, PodState},
+    lookup::{PodCache, PodLiveness, PodState},
     metrics::Metrics,
     mutation::referenced_secrets,
 };
@@ -105,10 +105,10 @@ pub fn may_adopt(policy: &PolicyConfig, secret: &ObjectMeta, pod: &Pod) -> bool 
 struct Context {
     reconciler: Arc<Reconciler>,
     /// Worker-labelled pods, stripped to their liveness: what the controller reconciles.
-    pods: Store<Pod>,
+    pods: Store<PodLiveness>,
     /// Worker-labelled secrets, metadata only: a hint of what exists and what is done.
     secrets: Store<PartialObjectMeta<Secret>>,
-    retries: Mutex<HashMap<ObjectRef<Pod>, u32>>,
+    retries: Mutex<HashMap<ObjectRef<PodLiveness>, u32>>,
 }
 
 // === impl Reconciler ===
@@ -160,13 +160,13 @@ impl Reconciler {
     async fn run_scope(self: Arc<Self>, namespace: Option<String>, shutdown: CancellationToken) {
         let labelled = watcher::Config::default().labels(&self.policy.worker_label);
 
-        // Whole pods (a metadata-only watch has no phase), kept only as far as liveness
-        // goes: the same store is the lookups' cache of live pods.
+        // Metadata and phase (a metadata-only watch has no phase): the same store is the
+        // lookups' cache of live pods.
         let (pods, pod_writer) = reflector::store();
         self.pod_cache.add(pods.clone());
-        let pod_events = watcher(self.api::<Pod>(namespace.as_deref()), labelled.clone())
+        let pod_events = watcher(self.api::<PodLiveness>(namespace.as_deref()), labelled.clone())
             .default_backoff()
-            .modify(PodCache::strip)
+            .modify(PodLiveness::strip)
             .reflect(pod_writer)
             .applied_objects()
             // Once per pod UID: status updates change nothing adoption depends on.
@@ -258,7 +258,7 @@ impl Reconciler {
 
 /// One pod: read it by quorum, then adopt each protected secret of its worker that its
 /// spec references.
-async fn reconcile(cached: Arc<Pod>, context: Arc<Context>) -> Result<Action> {
+async fn reconcile(cached: Arc<PodLiveness>, context: Arc<Context>) -> Result<Action> {
     let this = &context.reconciler;
     let key = ObjectRef::from_obj(&*cached);
     let (Some(namespace), Some(name)) = (cached.metadata.namespace.as_deref(), cached.metadata.name.as_deref()) else {
@@ -305,7 +305,7 @@ async fn reconcile(cached: Arc<Pod>, context: Arc<Context>) -> Result<Action> {
     Ok(context.forget(&key))
 }
 
-fn error_policy(pod: Arc<Pod>, error: &Error, context: Arc<Context>) -> Action {
+fn error_policy(pod: Arc<PodLiveness>, error: &Error, context: Arc<Context>) -> Action {
     context.reconciler.metrics.reconcile_error();
     let delay = context.next_retry(&ObjectRef::from_obj(&*pod));
     tracing::warn!(%error, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, ?delay, "cannot adopt the pod's secrets, retrying");
@@ -314,7 +314,7 @@ fn error_policy(pod: Arc<Pod>, error: &Error, context: Arc<Context>) -> Action {
 
 /// The pod a secret event concerns: the one named after its worker. A secret that has a
 /// Pod owner already is done (the garbage collector's business now).
-fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<Pod>> {
+fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<PodLiveness>> {
     if crate::policy::pod_owners(secret).next().is_some() || secret.deletion_timestamp.is_some() {
         return None;
     }
@@ -323,7 +323,7 @@ fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<Pod>> 
 }
 
 /// The predicate that lets each pod through once per UID.
-fn uid(pod: &Pod) -> Option<u64> {
+fn uid(pod: &PodLiveness) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     pod.metadata.uid.as_ref()?.hash(&mut hasher);
     Some(hasher.finish())
@@ -333,7 +333,7 @@ fn uid(pod: &Pod) -> Option<u64> {
 
 impl Context {
     /// The delay before the next attempt for `pod`: 1 s, doubling up to 5 min.
-    fn next_retry(&self, pod: &ObjectRef<Pod>) -> Duration {
+    fn next_retry(&self, pod: &ObjectRef<PodLiveness>) -> Duration {
         let mut retries = self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Forget pods that are gone, now and then, so the map stays small.
         if retries.len() > 1024 {
@@ -345,7 +345,7 @@ impl Context {
     }
 
     /// Done with `pod`: nothing to retry.
-    fn forget(&self, pod: &ObjectRef<Pod>) -> Action {
+    fn forget(&self, pod: &ObjectRef<PodLiveness>) -> Action {
         self.retries
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
