@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::{
     api::core::v1::{Namespace, Pod, Secret},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
 };
 use kube::{
     Api, Client,
@@ -66,12 +66,14 @@ pub trait ClusterLookup: Send + Sync {
     }
 }
 
-/// A pod as the watches decode it: metadata and phase. The spec and the rest of the
-/// status are skipped while parsing, never allocated: with 10,000 pods, decoding whole
-/// pods and dropping their specs doubled the guard's memory (allocator fragmentation).
+/// A pod as the watches decode it: the metadata liveness and adoption need, and the
+/// phase. The rest (spec, status, annotations, managed fields) is skipped while parsing,
+/// never allocated: with 10,000 pods, decoding whole pods and dropping their specs doubled
+/// the guard's memory (allocator fragmentation).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct PodLiveness {
-    /// The pod's metadata.
+    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
+    #[serde(deserialize_with = "liveness_metadata")]
     pub metadata: ObjectMeta,
     /// Its phase only.
     #[serde(default)]
@@ -106,13 +108,31 @@ impl k8s_openapi::Metadata for PodLiveness {
     }
 }
 
-impl PodLiveness {
-    /// Drops what the cache does not need before a pod is stored: annotations (a user's
-    /// text) and managed fields.
-    pub fn strip(&mut self) {
-        self.metadata.managed_fields = None;
-        self.metadata.annotations = None;
-    }
+/// The fields of a pod's metadata that [`PodLiveness`] keeps.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LivenessMetadata {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+}
+
+fn liveness_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
+    let kept = LivenessMetadata::deserialize(deserializer)?;
+    Ok(ObjectMeta {
+        name: kept.name,
+        namespace: kept.namespace,
+        uid: kept.uid,
+        resource_version: kept.resource_version,
+        labels: kept.labels,
+        creation_timestamp: kept.creation_timestamp,
+        deletion_timestamp: kept.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
 }
 
 /// The worker-labelled pods the reconciler's watches see, as [`PodLiveness`].
@@ -430,7 +450,7 @@ mod tests {
         let json = serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {
-                "name": "w1", "namespace": "cds", "uid": "uid-1",
+                "name": "w1", "namespace": "cds", "uid": "uid-1", "resourceVersion": "42",
                 "labels": {"CDS_WORKER_NAME": "w1"},
                 "annotations": {"note": "a user's text"},
                 "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
@@ -438,13 +458,17 @@ mod tests {
             "spec": {"containers": [{"name": "worker", "image": "ubuntu", "env": [{"name": "TOKEN", "value": "s3cr3t"}]}]},
             "status": {"phase": "Succeeded", "podIP": "10.0.0.1"}
         });
-        let mut pod: PodLiveness = serde_json::from_value(json).unwrap();
-        pod.strip();
+        let pod: PodLiveness = serde_json::from_value(json).unwrap();
 
         let state = PodState::from(&pod);
         assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
         assert_eq!(state.labels.get("CDS_WORKER_NAME").map(String::as_str), Some("w1"));
         assert_eq!(state.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(
+            pod.metadata.resource_version.as_deref(),
+            Some("42"),
+            "the watch resumes from it"
+        );
         assert!(!state.is_live(), "a finished pod is not live");
         let kept = format!("{pod:?}");
         assert!(

@@ -11,7 +11,7 @@ use cds_secret_guard::{
 use tokio_util::sync::CancellationToken;
 
 // The system allocator, by measurement: mimalloc cut a /mutate's CPU by a quarter but held
-// 61 MiB with 10,000 worker pods against the goal of 40 (BENCHMARKS.md).
+// 61 MiB with 10,000 worker pods against the system allocator's 55 (BENCHMARKS.md).
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {

@@ -166,7 +166,6 @@ impl Reconciler {
         self.pod_cache.add(pods.clone());
         let pod_events = watcher(self.api::<PodLiveness>(namespace.as_deref()), labelled.clone())
             .default_backoff()
-            .modify(PodLiveness::strip)
             .reflect(pod_writer)
             .applied_objects()
             // Once per pod UID: status updates change nothing adoption depends on.
