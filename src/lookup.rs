@@ -170,29 +170,33 @@ impl PodState {
     pub fn is_live(&self) -> bool {
         !self.terminating && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
+
+    fn new(metadata: &ObjectMeta, phase: Option<&String>) -> Self {
+        Self {
+            name: metadata.name.clone().unwrap_or_default(),
+            labels: metadata.labels.clone().unwrap_or_default(),
+            uid: metadata.uid.clone().unwrap_or_default(),
+            phase: phase.cloned(),
+            terminating: metadata.deletion_timestamp.is_some(),
+        }
+    }
 }
 
 impl From<&PodLiveness> for PodState {
     fn from(pod: &PodLiveness) -> Self {
-        Self {
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-            phase: pod.status.as_ref().and_then(|status| status.phase.clone()),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-        }
+        Self::new(
+            &pod.metadata,
+            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
+        )
     }
 }
 
 impl From<&Pod> for PodState {
     fn from(pod: &Pod) -> Self {
-        Self {
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-            phase: pod.status.as_ref().and_then(|status| status.phase.clone()),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-        }
+        Self::new(
+            &pod.metadata,
+            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
+        )
     }
 }
 
