@@ -183,6 +183,7 @@ impl Reconciler {
             .applied_objects();
 
         let policy = self.policy.clone();
+        let watched = pods.clone();
         let context = Arc::new(Context {
             reconciler: self,
             pods: pods.clone(),
@@ -190,7 +191,7 @@ impl Reconciler {
             retries: Mutex::default(),
         });
         Controller::for_stream(pod_events, pods)
-            .watches_stream(secret_events, move |secret| pod_of(&policy, &secret.metadata))
+            .watches_stream(secret_events, move |secret| pod_of(&policy, &secret.metadata, &watched))
             .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
             .graceful_shutdown_on(shutdown.cancelled_owned())
             .run(reconcile, error_policy, context)
@@ -311,14 +312,19 @@ fn error_policy(pod: Arc<PodLiveness>, error: &Error, context: Arc<Context>) -> 
     Action::requeue(delay)
 }
 
-/// The pod a secret event concerns: the one named after its worker. A secret that has a
-/// Pod owner already is done (the garbage collector's business now).
-fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta) -> Option<ObjectRef<PodLiveness>> {
-    if crate::policy::pod_owners(secret).next().is_some() || secret.deletion_timestamp.is_some() {
+/// The pod a secret event concerns: the one named after its worker, unless the secret is
+/// already owned by that pod as the watch shows it. A secret owned by another UID (a
+/// stale owner, a previous pod of the same name) still brings the live pod in: the
+/// garbage collector would otherwise keep trying to delete it while the pod lives.
+fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta, pods: &Store<PodLiveness>) -> Option<ObjectRef<PodLiveness>> {
+    if secret.deletion_timestamp.is_some() {
         return None;
     }
     let worker = policy.worker_of_secret(secret)?;
-    Some(ObjectRef::new(&worker).within(secret.namespace.as_deref()?))
+    let pod = ObjectRef::new(&worker).within(secret.namespace.as_deref()?);
+    let watched_uid = pods.get(&pod).and_then(|watched| watched.metadata.uid.clone());
+    let adopted = watched_uid.is_some_and(|uid| crate::policy::pod_owners(secret).any(|owner| owner.uid == uid));
+    (!adopted).then_some(pod)
 }
 
 /// The predicate that lets each pod through once per UID.
@@ -420,10 +426,20 @@ mod tests {
     }
 
     #[test]
-    fn a_secret_already_owned_maps_to_no_pod() {
-        let mut owned = secret("cds-worker-config-w1", Some("w1"));
-        assert_eq!(pod_of(&policy(), &owned).map(|r| r.name), Some("w1".to_owned()));
-        owned.owner_references = Some(vec![pod_reference("w1", "uid-1")]);
-        assert!(pod_of(&policy(), &owned).is_none());
+    fn a_secret_owned_by_its_watched_pod_maps_to_no_pod() {
+        let (pods, mut writer) = reflector::store::<PodLiveness>();
+        let mut watched = PodLiveness::default();
+        watched.metadata.name = Some("w1".to_owned());
+        watched.metadata.namespace = Some("cds".to_owned());
+        watched.metadata.uid = Some("uid-1".to_owned());
+        writer.apply_watcher_event(&watcher::Event::Apply(watched));
+
+        let mut secret = secret("cds-worker-config-w1", Some("w1"));
+        let of = |secret: &ObjectMeta| pod_of(&policy(), secret, &pods).map(|pod| pod.name);
+        assert_eq!(of(&secret).as_deref(), Some("w1"), "not owned yet");
+        secret.owner_references = Some(vec![pod_reference("w1", "uid-dead")]);
+        assert_eq!(of(&secret).as_deref(), Some("w1"), "owned by a pod that is gone");
+        secret.owner_references = Some(vec![pod_reference("w1", "uid-dead"), pod_reference("w1", "uid-1")]);
+        assert_eq!(of(&secret), None, "owned by the pod the watch shows");
     }
 }
