@@ -38,15 +38,12 @@ use cds_secret_guard::{
     Server, admission,
     config::PolicyConfig,
     lookup::ClusterLookup,
+    pod::WorkerPod,
     policy::{self, SecretDelete},
 };
 use common::{FakeCluster, config, pod, policy as default_policy, review, set, time_ago};
 use criterion::Criterion;
-use k8s_openapi::{
-    api::core::v1::{Pod, Secret},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
 use kube::core::PartialObjectMeta;
 use serde_json::Value;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
@@ -199,7 +196,7 @@ impl Fixtures {
             }
             Op::ValidateRouter => drop(black_box(self.post("/validate", &self.validate_body).await)),
             Op::MutateDecode => {
-                let request = admission::decode::<Pod>(black_box(&self.mutate_body));
+                let request = admission::decode::<WorkerPod>(black_box(&self.mutate_body));
                 drop(black_box(request.unwrap()));
             }
             Op::MutateRouter => drop(black_box(self.post("/mutate", &self.mutate_body).await)),

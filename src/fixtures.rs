@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{
     VolumeProjection,
 };
 
-use crate::config::PolicyConfig;
+use crate::{config::PolicyConfig, pod::WorkerPod};
 
 /// The default policy of `serve`, as its flags make it.
 pub fn policy() -> PolicyConfig {
@@ -157,8 +157,10 @@ impl PodBuilder {
         self
     }
 
-    pub fn build(self) -> Pod {
-        self.0
+    /// The pod as the guard reads it from the apiserver's JSON.
+    pub fn build(self) -> WorkerPod {
+        let json = serde_json::to_value(&self.0).expect("a pod serialises");
+        serde_json::from_value(json).expect("a pod reads as a worker pod")
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`admission`]: decoding AdmissionReviews and encoding responses;
 //! - [`policy`]: the secret-DELETE rules (pure, apart from the lookups they ask for);
 //! - [`mutation`]: the pod-CREATE patch (pure);
+//! - [`pod`]: what the guard reads of a pod, decoded into lean types;
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
 //! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
@@ -28,6 +29,7 @@ pub mod lookup;
 pub mod metrics;
 pub mod mutation;
 pub mod owner_refs;
+pub mod pod;
 pub mod policy;
 pub mod server;
 pub mod telemetry;

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::{
     api::core::v1::{Namespace, Pod, Secret},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
     Api, Client,
@@ -23,10 +23,13 @@ use kube::{
         watcher::{self, watcher},
     },
 };
-use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::{Error, Result, metrics::Metrics};
+use crate::{
+    Error, Result,
+    metrics::Metrics,
+    pod::{PodLiveness, WorkerPod},
+};
 
 /// What the policy needs to know about a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,75 +67,6 @@ pub trait ClusterLookup: Send + Sync {
     fn cached_pod(&self, _namespace: &str, _name: &str) -> Option<PodState> {
         None
     }
-}
-
-/// A pod as the watches decode it: the metadata liveness and adoption need, and the
-/// phase. The rest (spec, status, annotations, managed fields) is skipped while parsing,
-/// never allocated: with 10,000 pods, decoding whole pods and dropping their specs doubled
-/// the guard's memory (allocator fragmentation).
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct PodLiveness {
-    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
-    #[serde(deserialize_with = "liveness_metadata")]
-    pub metadata: ObjectMeta,
-    /// Its phase only.
-    #[serde(default)]
-    pub status: Option<PhasePart>,
-}
-
-/// `status.phase` of a pod.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct PhasePart {
-    /// `Pending`, `Running`, `Succeeded`, `Failed` or `Unknown`.
-    pub phase: Option<String>,
-}
-
-impl k8s_openapi::Resource for PodLiveness {
-    const API_VERSION: &'static str = Pod::API_VERSION;
-    const GROUP: &'static str = Pod::GROUP;
-    const KIND: &'static str = Pod::KIND;
-    const VERSION: &'static str = Pod::VERSION;
-    const URL_PATH_SEGMENT: &'static str = Pod::URL_PATH_SEGMENT;
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for PodLiveness {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-/// The fields of a pod's metadata that [`PodLiveness`] keeps.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LivenessMetadata {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    resource_version: Option<String>,
-    labels: Option<std::collections::BTreeMap<String, String>>,
-    creation_timestamp: Option<Time>,
-    deletion_timestamp: Option<Time>,
-}
-
-fn liveness_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let kept = LivenessMetadata::deserialize(deserializer)?;
-    Ok(ObjectMeta {
-        name: kept.name,
-        namespace: kept.namespace,
-        uid: kept.uid,
-        resource_version: kept.resource_version,
-        labels: kept.labels,
-        creation_timestamp: kept.creation_timestamp,
-        deletion_timestamp: kept.deletion_timestamp,
-        ..ObjectMeta::default()
-    })
 }
 
 /// The worker-labelled pods the reconciler's watches see, as [`PodLiveness`].
@@ -188,6 +122,12 @@ impl From<&PodLiveness> for PodState {
             &pod.metadata,
             pod.status.as_ref().and_then(|status| status.phase.as_ref()),
         )
+    }
+}
+
+impl From<&WorkerPod> for PodState {
+    fn from(pod: &WorkerPod) -> Self {
+        Self::new(&pod.metadata, pod.phase())
     }
 }
 
@@ -287,13 +227,13 @@ impl KubeLookup {
 #[async_trait]
 impl ClusterLookup for KubeLookup {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
-        // `get_opt` sends no resourceVersion: a quorum read.
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        // `get_opt` sends no resourceVersion: a quorum read. Decoded as liveness only.
+        let pods: Api<PodLiveness> = Api::namespaced(self.client.clone(), namespace);
         Ok(pods.get_opt(name).await?.as_ref().map(PodState::from))
     }
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pods: Api<PodLiveness> = Api::namespaced(self.client.clone(), namespace);
         // The default ListParams carry no resourceVersion: "most recent", a quorum read.
         let params = ListParams::default().labels(&format!("{label}={value}"));
         debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
@@ -442,42 +382,5 @@ impl ClusterLookup for Deadline<'_> {
 
     fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {
         self.inner.cached_pod(namespace, name)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_watched_pod_keeps_its_liveness_and_nothing_of_its_spec() {
-        let json = serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": "w1", "namespace": "cds", "uid": "uid-1", "resourceVersion": "42",
-                "labels": {"CDS_WORKER_NAME": "w1"},
-                "annotations": {"note": "a user's text"},
-                "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
-            },
-            "spec": {"containers": [{"name": "worker", "image": "ubuntu", "env": [{"name": "TOKEN", "value": "s3cr3t"}]}]},
-            "status": {"phase": "Succeeded", "podIP": "10.0.0.1"}
-        });
-        let pod: PodLiveness = serde_json::from_value(json).unwrap();
-
-        let state = PodState::from(&pod);
-        assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
-        assert_eq!(state.labels.get("CDS_WORKER_NAME").map(String::as_str), Some("w1"));
-        assert_eq!(state.phase.as_deref(), Some("Succeeded"));
-        assert_eq!(
-            pod.metadata.resource_version.as_deref(),
-            Some("42"),
-            "the watch resumes from it"
-        );
-        assert!(!state.is_live(), "a finished pod is not live");
-        let kept = format!("{pod:?}");
-        assert!(
-            !kept.contains("s3cr3t") && !kept.contains("a user's text") && !kept.contains("kubectl"),
-            "{kept}"
-        );
     }
 }

@@ -7,10 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use json_patch::{AddOperation, Patch, PatchOperation};
 use jsonptr::PointerBuf;
-use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, PodSpec, Volume};
 use serde_json::Value;
 
-use crate::{config::PolicyConfig, policy::is_label_value};
+use crate::{
+    config::PolicyConfig,
+    pod::{SecretReferences, WorkerPod},
+    policy::is_label_value,
+};
 
 /// Annotation listing the protected secrets a pod uses.
 pub const PROTECTED_SECRETS_ANNOTATION: &str = "cds-secret-guard/protected-secrets";
@@ -27,9 +30,9 @@ pub struct PodMutation {
 }
 
 /// The protected secrets a pod references, and the worker they name.
-pub fn protected_secrets(config: &PolicyConfig, spec: Option<&PodSpec>) -> (BTreeSet<String>, Option<String>) {
+pub fn protected_secrets(config: &PolicyConfig, spec: Option<&SecretReferences>) -> (BTreeSet<String>, Option<String>) {
     let secrets: BTreeSet<String> = spec
-        .map(referenced_secrets)
+        .map(SecretReferences::names)
         .unwrap_or_default()
         .into_iter()
         .filter(|name| config.worker_of_secret_name(name).is_some())
@@ -45,7 +48,7 @@ pub fn protected_secrets(config: &PolicyConfig, spec: Option<&PodSpec>) -> (BTre
 
 /// Plans the patch for a pod. `hatchery` is the hatchery label of the pod's secret,
 /// when it could be read.
-pub fn mutate(config: &PolicyConfig, pod: &Pod, hatchery: Option<&str>) -> PodMutation {
+pub fn mutate(config: &PolicyConfig, pod: &WorkerPod, hatchery: Option<&str>) -> PodMutation {
     let (secrets, worker) = protected_secrets(config, pod.spec.as_ref());
     if secrets.is_empty() {
         return PodMutation::default();
@@ -106,61 +109,19 @@ fn add_entries(field: &str, map_exists: bool, entries: BTreeMap<String, String>)
     }
 }
 
-/// Every secret name a pod spec references: env, envFrom, volumes (plain and projected)
-/// and imagePullSecrets, in containers, init containers and ephemeral containers.
-pub fn referenced_secrets(spec: &PodSpec) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    let ephemeral = spec.ephemeral_containers.iter().flatten();
-    let env_sources = containers
-        .map(|c: &Container| (c.env.as_ref(), c.env_from.as_ref()))
-        .chain(ephemeral.map(|c| (c.env.as_ref(), c.env_from.as_ref())));
-    for (env, env_from) in env_sources {
-        names.extend(env.into_iter().flatten().filter_map(env_secret));
-        names.extend(env_from.into_iter().flatten().filter_map(env_from_secret));
-    }
-    names.extend(spec.volumes.iter().flatten().flat_map(volume_secrets));
-    names.extend(
-        spec.image_pull_secrets
-            .iter()
-            .flatten()
-            .map(|reference| reference.name.clone()),
-    );
-    names.retain(|name| !name.is_empty());
-    names
-}
-
-fn env_secret(var: &EnvVar) -> Option<String> {
-    Some(var.value_from.as_ref()?.secret_key_ref.as_ref()?.name.clone())
-}
-
-fn env_from_secret(source: &EnvFromSource) -> Option<String> {
-    Some(source.secret_ref.as_ref()?.name.clone())
-}
-
-fn volume_secrets(volume: &Volume) -> Vec<String> {
-    let plain = volume.secret.as_ref().and_then(|secret| secret.secret_name.clone());
-    let projected = volume
-        .projected
-        .iter()
-        .flat_map(|projected| projected.sources.iter().flatten())
-        .filter_map(|source| Some(source.secret.as_ref()?.name.clone()));
-    plain.into_iter().chain(projected).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures::{policy, worker_pod};
     use rstest::rstest;
 
-    fn apply(pod: &Pod, patch: &Patch) -> Pod {
+    fn apply(pod: &WorkerPod, patch: &Patch) -> WorkerPod {
         let mut doc = serde_json::to_value(pod).unwrap();
         json_patch::patch(&mut doc, patch).unwrap();
         serde_json::from_value(doc).unwrap()
     }
 
-    fn labels(pod: &Pod) -> BTreeMap<String, String> {
+    fn labels(pod: &WorkerPod) -> BTreeMap<String, String> {
         pod.metadata.labels.clone().unwrap_or_default()
     }
 

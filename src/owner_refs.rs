@@ -25,7 +25,7 @@ use std::{
 
 use futures::{StreamExt, future::join_all};
 use k8s_openapi::{
-    api::core::v1::{Pod, Secret},
+    api::core::v1::Secret,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
     jiff::Timestamp,
 };
@@ -47,9 +47,9 @@ use crate::{
     Error, Result,
     config::PolicyConfig,
     events::{Events, secret_reference},
-    lookup::{PodCache, PodLiveness, PodState},
+    lookup::{PodCache, PodState},
     metrics::Metrics,
-    mutation::referenced_secrets,
+    pod::{PodLiveness, WorkerPod},
 };
 
 /// How many pods are reconciled at once.
@@ -87,7 +87,7 @@ pub enum Adoption {
 /// Whether `pod` may own `secret`. Both must come from quorum reads (or, for the secret,
 /// be written with its resourceVersion as a precondition): this is the whole of what the
 /// guard trusts before it lets the garbage collector act.
-pub fn may_adopt(policy: &PolicyConfig, secret: &ObjectMeta, pod: &Pod) -> bool {
+pub fn may_adopt(policy: &PolicyConfig, secret: &ObjectMeta, pod: &WorkerPod) -> bool {
     let (Some(secret_name), Some(pod_name)) = (secret.name.as_deref(), pod.metadata.name.as_deref()) else {
         return false;
     };
@@ -95,10 +95,7 @@ pub fn may_adopt(policy: &PolicyConfig, secret: &ObjectMeta, pod: &Pod) -> bool 
         && secret.namespace == pod.metadata.namespace
         && pod.metadata.uid.as_deref().is_some_and(|uid| !uid.is_empty())
         && PodState::from(pod).is_live()
-        && pod
-            .spec
-            .as_ref()
-            .is_some_and(|spec| referenced_secrets(spec).contains(secret_name))
+        && pod.spec.as_ref().is_some_and(|spec| spec.names().contains(secret_name))
 }
 
 /// What the reconciles of one scope share.
@@ -206,7 +203,7 @@ impl Reconciler {
     /// Adds `pod`'s reference to `secret` if [`may_adopt`] holds. The secret's metadata
     /// comes from the label-selected cache when it has it: the write's resourceVersion
     /// precondition makes a stale copy fail with a conflict, after which it is read again.
-    async fn adopt(&self, pod: &Pod, secret: &str, cached: Option<ObjectMeta>) -> Result<Adoption> {
+    async fn adopt(&self, pod: &WorkerPod, secret: &str, cached: Option<ObjectMeta>) -> Result<Adoption> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
@@ -267,7 +264,7 @@ async fn reconcile(cached: Arc<PodLiveness>, context: Arc<Context>) -> Result<Ac
     if cached.metadata.deletion_timestamp.is_some() {
         return Ok(context.forget(&key));
     }
-    let pods: Api<Pod> = Api::namespaced(this.client.clone(), namespace);
+    let pods: Api<WorkerPod> = Api::namespaced(this.client.clone(), namespace);
     let Some(pod) = pods.get_opt(name).await? else {
         return Ok(context.forget(&key));
     };
@@ -278,7 +275,7 @@ async fn reconcile(cached: Arc<PodLiveness>, context: Arc<Context>) -> Result<Ac
         return Ok(context.forget(&key));
     };
 
-    for secret in referenced_secrets(spec) {
+    for secret in spec.names() {
         let cached = context
             .secrets
             .get(&ObjectRef::new(&secret).within(namespace))
@@ -360,7 +357,7 @@ impl Context {
 }
 
 /// A reference to a pod, for an event that names it.
-fn pod_object_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
+fn pod_object_reference(pod: &WorkerPod) -> k8s_openapi::api::core::v1::ObjectReference {
     k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Pod".to_owned()),
@@ -399,7 +396,7 @@ mod tests {
         }
     }
 
-    fn live(builder: crate::fixtures::PodBuilder) -> Pod {
+    fn live(builder: crate::fixtures::PodBuilder) -> WorkerPod {
         let mut pod = builder.build();
         pod.metadata.uid = Some("uid-1".to_owned());
         pod
@@ -415,7 +412,7 @@ mod tests {
     #[case::unprotected_secret(secret("db-password", None), live(worker_pod("w1").env_secret("db-password")), false)]
     #[case::label_names_another_worker(secret("cds-worker-config-w1", Some("w2")), live(worker_pod("w1").env_secret("cds-worker-config-w1")), false)]
     #[case::finished_pod(secret("cds-worker-config-w1", None), live(worker_pod("w1").phase("Succeeded").env_secret("cds-worker-config-w1")), false)]
-    fn adoption_rests_on_facts(#[case] secret: ObjectMeta, #[case] pod: Pod, #[case] allowed: bool) {
+    fn adoption_rests_on_facts(#[case] secret: ObjectMeta, #[case] pod: WorkerPod, #[case] allowed: bool) {
         assert_eq!(may_adopt(&policy(), &secret, &pod), allowed);
     }
 

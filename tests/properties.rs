@@ -18,6 +18,7 @@ use cds_secret_guard::{
     config::PolicyConfig,
     lookup::{ClusterLookup, PodState},
     mutation::{self, PROTECTED_SECRETS_ANNOTATION},
+    pod::WorkerPod,
     policy::{self, Reason, SecretDelete, Verdict, is_label_value, is_object_name},
 };
 use k8s_openapi::{
@@ -88,7 +89,7 @@ fn annotations() -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
     proptest::option::of(proptest::collection::btree_map(key, value, 0..3))
 }
 
-/// Every kind of secret reference that `mutation::referenced_secrets` knows.
+/// Every kind of secret reference that `SecretReferences::names` knows.
 #[derive(Debug, Clone, Copy)]
 enum Reference {
     Env,
@@ -234,6 +235,11 @@ fn hatchery() -> impl Strategy<Value = Option<String>> {
 
 // === Mutation properties ===
 
+/// The pod as the guard decodes it from the apiserver's JSON.
+fn as_read(pod: &Pod) -> WorkerPod {
+    serde_json::from_value(serde_json::to_value(pod).unwrap()).unwrap()
+}
+
 fn apply(pod: &Pod, patch: &json_patch::Patch) -> std::result::Result<Pod, String> {
     let mut document = serde_json::to_value(pod).unwrap();
     json_patch::patch(&mut document, patch).map_err(|e| e.to_string())?;
@@ -266,14 +272,14 @@ proptest! {
         config in mutation_policy(),
         hatchery in hatchery(),
     ) {
-        let planned = mutation::mutate(&config, &pod, hatchery.as_deref());
+        let planned = mutation::mutate(&config, &as_read(&pod), hatchery.as_deref());
         let patched = apply(&pod, &planned.patch);
         prop_assert!(patched.is_ok(), "{:?} does not apply: {:?}", planned.patch, patched.err());
         let patched = patched.unwrap();
 
         // (b) Reinvocation, with the hatchery known again or not: nothing left to do.
         for again in [hatchery.as_deref(), None] {
-            let second = mutation::mutate(&config, &patched, again);
+            let second = mutation::mutate(&config, &as_read(&patched), again);
             prop_assert!(second.patch.0.is_empty(), "second patch {:?}", second.patch);
         }
 

@@ -7,7 +7,7 @@ use axum::{
     http::StatusCode,
     response::{IntoResponse, Response},
 };
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::core::{
     PartialObjectMeta,
     admission::{AdmissionRequest, AdmissionResponse, Operation},
@@ -15,7 +15,10 @@ use kube::core::{
 use tracing::{Instrument, Span};
 
 use super::{AppState, service};
-use crate::admission::{RequestDeadline, Review, is_for, reply};
+use crate::{
+    admission::{RequestDeadline, Review, is_for, reply},
+    pod::WorkerPod,
+};
 
 /// `/readyz`: 200 while serving, 503 before and while draining.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -67,7 +70,7 @@ pub async fn validate(
 pub async fn mutate(
     State(state): State<Arc<AppState>>,
     Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
-    Review(request): Review<Pod>,
+    Review(request): Review<WorkerPod>,
 ) -> Response {
     let _timer = state.metrics.time_admission("mutate");
     let span = review_span("mutate", &request);

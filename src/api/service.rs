@@ -4,10 +4,7 @@
 use std::collections::BTreeSet;
 
 use futures::future::join_all;
-use k8s_openapi::{
-    api::core::v1::{Pod, Secret},
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::Secret, jiff::Timestamp};
 use kube::core::{
     PartialObjectMeta,
     admission::{AdmissionRequest, AdmissionResponse},
@@ -21,6 +18,7 @@ use crate::{
     events,
     lookup::{ClusterLookup, Deadline},
     mutation,
+    pod::WorkerPod,
     policy::{self, Reason, SecretDelete, Verdict},
 };
 
@@ -111,7 +109,7 @@ fn secret_name(request: &AdmissionRequest<PartialObjectMeta<Secret>>) -> &str {
 /// answer in time only leaves that label out.
 pub async fn mutate_pod(
     state: &AppState,
-    request: &AdmissionRequest<Pod>,
+    request: &AdmissionRequest<WorkerPod>,
     deadline: Instant,
 ) -> Option<json_patch::Patch> {
     let Some(pod) = request.object.as_ref() else {
@@ -125,7 +123,7 @@ pub async fn mutate_pod(
         return None;
     }
     let hatchery = match (&worker, request.namespace.as_deref()) {
-        (Some(_), Some(namespace)) if !has_label(pod, &policy.hatchery_label) => {
+        (Some(_), Some(namespace)) if !pod.has_label(&policy.hatchery_label) => {
             let deadline = deadline.min(Instant::now() + state.mutation_timeout);
             let lookup = Deadline::until(&state.lookup, deadline);
             hatchery_of(state, &lookup, namespace, &secrets).await
@@ -173,11 +171,4 @@ async fn hatchery_of(
         }
     }
     found
-}
-
-fn has_label(pod: &Pod, label: &str) -> bool {
-    pod.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|labels| labels.contains_key(label))
 }

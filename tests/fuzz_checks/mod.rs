@@ -26,11 +26,12 @@ use cds_secret_guard::{
     config::{Mode, PolicyConfig},
     lookup::{ClusterLookup, PodState},
     mutation::PROTECTED_SECRETS_ANNOTATION,
+    pod::WorkerPod,
     policy,
 };
 use json_patch::{Patch, PatchOperation};
 use k8s_openapi::{
-    api::core::v1::{Pod, Secret},
+    api::core::v1::Secret,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::{SignedDuration, Timestamp},
 };
@@ -609,7 +610,7 @@ impl Harness {
         let (scenario, body) = Scenario::split(input);
         let (status, bytes, reads) = self.post(scenario, "/mutate", body);
         let mut outcome = Outcome::new(status, &reads);
-        let Some((request, answer)) = answered::<Pod>(body, status, &bytes) else {
+        let Some((request, answer)) = answered::<WorkerPod>(body, status, &bytes) else {
             assert!(reads.is_empty(), "a rejected body caused reads: {reads:?}");
             return outcome;
         };
@@ -652,7 +653,7 @@ impl Harness {
         };
         let again = serde_json::to_vec(&again).expect("a review serialises");
         let (status, bytes, _) = self.post(scenario, "/mutate", &again);
-        let (_, answer) = answered::<Pod>(&again, status, &bytes).expect("the reinvocation is a review");
+        let (_, answer) = answered::<WorkerPod>(&again, status, &bytes).expect("the reinvocation is a review");
         assert_eq!(answer["response"]["allowed"], true, "{answer}");
         assert!(
             answer["response"]["patch"].is_null(),
@@ -713,7 +714,7 @@ fn answered<T: Resource + DeserializeOwned>(
 
 /// The patch applies to the pod as the apiserver serialises it, only adds labels and
 /// annotations, changes no existing label, and yields a pod. Returns the patched pod.
-fn check_patch(pod: &Pod, patch: &Patch) -> Pod {
+fn check_patch(pod: &WorkerPod, patch: &Patch) -> WorkerPod {
     assert!(!patch.0.is_empty(), "an empty patch was sent");
     for operation in &patch.0 {
         let PatchOperation::Add(add) = operation else {
@@ -729,7 +730,7 @@ fn check_patch(pod: &Pod, patch: &Patch) -> Pod {
     if let Err(error) = json_patch::patch(&mut document, patch) {
         panic!("the patch does not apply ({error}): {patch:?}\n{document}");
     }
-    let patched: Pod = serde_json::from_value(document).expect("the patched pod is a pod");
+    let patched: WorkerPod = serde_json::from_value(document).expect("the patched pod is a pod");
     let before = pod.metadata.labels.clone().unwrap_or_default();
     let after = patched.metadata.labels.clone().unwrap_or_default();
     for (key, value) in &before {
@@ -754,7 +755,7 @@ fn check_patch(pod: &Pod, patch: &Patch) -> Pod {
 /// the endpoints' types skip different fields: such a body may be a review for one.
 pub fn decode(body: &[u8]) {
     let secret = admission::decode::<PartialObjectMeta<Secret>>(body);
-    let pod = admission::decode::<Pod>(body);
+    let pod = admission::decode::<WorkerPod>(body);
     let json = serde_json::from_slice::<Value>(body).ok();
     match (&secret, &pod, &json) {
         (Ok(secret), Ok(pod), _) => {

@@ -203,14 +203,11 @@ pub fn adoptable(view: &View<'_>, name: PodName, pod: &Pod, id: SecretId, secret
     may_adopt(view.policy, &view.meta(id, secret), &kube_pod(name, pod, view.clock))
 }
 
-/// The secrets a pod's spec references, by the real `mutation::referenced_secrets`.
+/// The secrets a pod's spec references, by the real `SecretReferences::names`.
 pub fn referenced(name: PodName, pod: &Pod, clock: &Clock) -> crate::world::Set<SecretId> {
     let kube = kube_pod(name, pod, clock);
     let spec = kube.spec.as_ref().expect("a model pod always has a spec");
-    mutation::referenced_secrets(spec)
-        .iter()
-        .filter_map(|n| SecretId::from_name(n))
-        .collect()
+    spec.names().iter().filter_map(|n| SecretId::from_name(n)).collect()
 }
 
 /// Whether a secret the reconciler's label-selected cache does not hold is still one it

@@ -2,13 +2,13 @@
 //! real adoption are the product's functions (see `guard`); everything else here is a
 //! deliberately broken copy kept only to show that the model finds what they break.
 
+use cds_secret_guard::pod::WorkerPod;
 use cds_secret_guard::{
     config::PolicyConfig,
     lookup::PodState,
     mutation::PROTECTED_SECRETS_ANNOTATION,
     policy::{Reason, Verdict},
 };
-use k8s_openapi::api::core::v1::Pod as KubePod;
 
 use crate::{
     guard::{self, Memo, Requester, View},
@@ -78,7 +78,7 @@ pub fn admit(
 }
 
 /// The pre-fix adoption predicate: trusts the pod's labels and annotation.
-pub fn pre_fix_may_adopt(policy: &PolicyConfig, secret: &str, pod: &KubePod) -> bool {
+pub fn pre_fix_may_adopt(policy: &PolicyConfig, secret: &str, pod: &WorkerPod) -> bool {
     let labelled = pod
         .metadata
         .labels

@@ -13,9 +13,14 @@
 
 use std::{collections::BTreeMap, fmt, marker::PhantomData, time::Duration};
 
-use cds_secret_guard::{lookup::PodState, mutation::PROTECTED_SECRETS_ANNOTATION, owner_refs::pod_reference};
+use cds_secret_guard::{
+    lookup::PodState,
+    mutation::PROTECTED_SECRETS_ANNOTATION,
+    owner_refs::pod_reference,
+    pod::{ContainerReferences, EnvFromReference, PhasePart, SecretReferences, WorkerPod},
+};
 use k8s_openapi::{
-    api::core::v1::{Container, EnvFromSource, Pod as KubePod, PodSpec, PodStatus, SecretEnvSource},
+    api::core::v1::SecretEnvSource,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
@@ -557,26 +562,22 @@ pub fn pod_state(name: PodName, pod: &Pod) -> PodState {
     }
 }
 
-fn spec(refs: Set<SecretId>) -> PodSpec {
-    PodSpec {
-        containers: vec![Container {
-            name: "worker".to_owned(),
-            image: Some("ovhcom/cds-worker".to_owned()),
-            env_from: Some(
-                refs.iter()
-                    .map(|s| EnvFromSource {
-                        secret_ref: Some(SecretEnvSource {
-                            name: s.name().to_owned(),
-                            optional: None,
-                        }),
-                        ..EnvFromSource::default()
-                    })
-                    .collect(),
-            ),
-            ..Container::default()
-        }],
-        restart_policy: Some("Never".to_owned()),
-        ..PodSpec::default()
+fn spec(refs: Set<SecretId>) -> SecretReferences {
+    let env_from = refs
+        .iter()
+        .map(|s| EnvFromReference {
+            secret_ref: Some(SecretEnvSource {
+                name: s.name().to_owned(),
+                optional: None,
+            }),
+        })
+        .collect();
+    SecretReferences {
+        containers: Some(vec![ContainerReferences {
+            env_from: Some(env_from),
+            ..ContainerReferences::default()
+        }]),
+        ..SecretReferences::default()
     }
 }
 
@@ -588,9 +589,9 @@ fn annotations(listed: Set<SecretId>) -> Option<BTreeMap<String, String>> {
 }
 
 /// The pod as a quorum GET returns it.
-pub fn kube_pod(name: PodName, pod: &Pod, clock: &Clock) -> KubePod {
+pub fn kube_pod(name: PodName, pod: &Pod, clock: &Clock) -> WorkerPod {
     let labels = pod_labels(pod.worker_label, pod.hatchery_label);
-    KubePod {
+    WorkerPod {
         metadata: ObjectMeta {
             name: Some(name.name().to_owned()),
             namespace: Some(NAMESPACE.to_owned()),
@@ -601,17 +602,17 @@ pub fn kube_pod(name: PodName, pod: &Pod, clock: &Clock) -> KubePod {
             ..ObjectMeta::default()
         },
         spec: Some(spec(pod.refs)),
-        status: Some(PodStatus {
+        status: Some(PhasePart {
             phase: Some(format!("{:?}", pod.phase)),
-            ..PodStatus::default()
         }),
+        ..WorkerPod::default()
     }
 }
 
 /// The pod as a client sends it to be created: no UID, no status.
-pub fn kube_pod_request(shape: &PodShape) -> KubePod {
+pub fn kube_pod_request(shape: &PodShape) -> WorkerPod {
     let labels = pod_labels(shape.worker_label, shape.hatchery_label);
-    KubePod {
+    WorkerPod {
         metadata: ObjectMeta {
             name: Some(shape.name.name().to_owned()),
             namespace: Some(NAMESPACE.to_owned()),
@@ -620,13 +621,13 @@ pub fn kube_pod_request(shape: &PodShape) -> KubePod {
             ..ObjectMeta::default()
         },
         spec: Some(spec(shape.refs)),
-        status: None,
+        ..WorkerPod::default()
     }
 }
 
 /// Reads a created pod back into the compact form. Label or annotation values that name
 /// nothing in the model are dropped: no rule can match them.
-pub fn shape_of(pod: &KubePod, name: PodName) -> PodShape {
+pub fn shape_of(pod: &WorkerPod, name: PodName) -> PodShape {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let worker_label = labels.get(WORKER_LABEL).and_then(|v| Worker::from_name(v));
     let hatchery_label = labels
@@ -642,12 +643,7 @@ pub fn shape_of(pod: &KubePod, name: PodName) -> PodShape {
     let refs = pod
         .spec
         .as_ref()
-        .map(|spec| {
-            cds_secret_guard::mutation::referenced_secrets(spec)
-                .iter()
-                .filter_map(|n| SecretId::from_name(n))
-                .collect()
-        })
+        .map(|spec| spec.names().iter().filter_map(|n| SecretId::from_name(n)).collect())
         .unwrap_or_default();
     PodShape {
         name,

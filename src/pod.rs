@@ -1,0 +1,414 @@
+//! What the guard reads of a pod, decoded into types that keep only that. The rest of a
+//! pod (images, probes, resources, status, managed fields) is skipped while parsing and
+//! never allocated: decoding whole k8s-openapi `Pod`s was the largest cost of a `/mutate`
+//! and doubled the memory of the watches.
+//!
+//! - [`PodLiveness`]: what the watches keep of every worker pod;
+//! - [`WorkerPod`]: a pod as the mutation and the adoption read it: its metadata, the
+//!   secrets its spec names, its phase.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::Resource as _;
+use k8s_openapi::{
+    api::core::v1::{
+        LocalObjectReference, Pod, SecretEnvSource, SecretKeySelector, SecretProjection, SecretVolumeSource,
+    },
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+};
+use serde::{Deserialize, Serialize, de::IgnoredAny};
+
+/// A pod as the watches decode it: the metadata liveness and adoption need, and the
+/// phase. With 10,000 pods, decoding whole pods and dropping their specs doubled the
+/// guard's memory (allocator fragmentation).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodLiveness {
+    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
+    #[serde(deserialize_with = "liveness_metadata")]
+    pub metadata: ObjectMeta,
+    /// Its phase only.
+    #[serde(default)]
+    pub status: Option<PhasePart>,
+}
+
+/// A pod as the mutation and the adoption read it: [`PodLiveness`]'s metadata and its
+/// annotations, the secret references of its spec, its phase.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerPod {
+    /// `apiVersion`, checked to be `v1` (as k8s-openapi's `Pod` checks it), not kept.
+    #[serde(default, rename = "apiVersion", deserialize_with = "expect_v1", skip_serializing)]
+    pub api_version: (),
+    /// `kind`, checked to be `Pod`, not kept.
+    #[serde(default, deserialize_with = "expect_pod", skip_serializing)]
+    pub kind: (),
+    /// What [`PodLiveness`] keeps, and the annotations.
+    #[serde(default, deserialize_with = "worker_metadata")]
+    pub metadata: ObjectMeta,
+    /// The parts of the spec that can name a secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SecretReferences>,
+    /// Its phase only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<PhasePart>,
+}
+
+/// `status.phase` of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhasePart {
+    /// `Pending`, `Running`, `Succeeded`, `Failed` or `Unknown`.
+    pub phase: Option<String>,
+}
+
+/// The parts of a pod spec that can name a secret, with k8s-openapi's field names.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)] // the pod spec's own fields
+pub struct SecretReferences {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<Vec<ContainerReferences>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_containers: Option<Vec<ContainerReferences>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_containers: Option<Vec<ContainerReferences>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<VolumeReferences>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+}
+
+/// A container's `env` and `envFrom`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct ContainerReferences {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<EnvVarReference>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_from: Option<Vec<EnvFromReference>>,
+}
+
+/// `env[].valueFrom`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct EnvVarReference {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSourceReference>,
+}
+
+/// `env[].valueFrom.secretKeyRef`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct EnvVarSourceReference {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<SecretKeySelector>,
+}
+
+/// `envFrom[].secretRef`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct EnvFromReference {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretEnvSource>,
+}
+
+/// `volumes[].secret` and `volumes[].projected`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct VolumeReferences {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projected: Option<ProjectedReferences>,
+}
+
+/// `volumes[].projected.sources`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct ProjectedReferences {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sources: Option<Vec<ProjectionReference>>,
+}
+
+/// `volumes[].projected.sources[].secret`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct ProjectionReference {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretProjection>,
+}
+
+macro_rules! pod_resource {
+    ($($ty:ty),*) => {$(
+        impl k8s_openapi::Resource for $ty {
+            const API_VERSION: &'static str = Pod::API_VERSION;
+            const GROUP: &'static str = Pod::GROUP;
+            const KIND: &'static str = Pod::KIND;
+            const VERSION: &'static str = Pod::VERSION;
+            const URL_PATH_SEGMENT: &'static str = Pod::URL_PATH_SEGMENT;
+            type Scope = k8s_openapi::NamespaceResourceScope;
+        }
+
+        impl k8s_openapi::Metadata for $ty {
+            type Ty = ObjectMeta;
+
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    )*};
+}
+
+pod_resource!(PodLiveness, WorkerPod);
+
+// === impl WorkerPod ===
+
+impl WorkerPod {
+    /// The phase, when known.
+    pub fn phase(&self) -> Option<&String> {
+        self.status.as_ref()?.phase.as_ref()
+    }
+
+    /// Whether the pod carries `label`, whatever its value.
+    pub fn has_label(&self, label: &str) -> bool {
+        self.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels.contains_key(label))
+    }
+}
+
+// === impl SecretReferences ===
+
+impl SecretReferences {
+    /// Every secret name the spec references: env, envFrom, volumes (plain and
+    /// projected) and imagePullSecrets, in containers, init containers and ephemeral
+    /// containers.
+    pub fn names(&self) -> BTreeSet<String> {
+        let containers = [&self.containers, &self.init_containers, &self.ephemeral_containers]
+            .into_iter()
+            .flatten()
+            .flatten();
+        let env = containers
+            .clone()
+            .flat_map(|c| c.env.iter().flatten())
+            .filter_map(|var| {
+                let selector = var.value_from.as_ref()?.secret_key_ref.as_ref()?;
+                Some(&selector.name)
+            });
+        let env_from = containers
+            .flat_map(|c| c.env_from.iter().flatten())
+            .filter_map(|source| Some(&source.secret_ref.as_ref()?.name));
+        let volumes = self.volumes.iter().flatten();
+        let plain = volumes
+            .clone()
+            .filter_map(|volume| volume.secret.as_ref()?.secret_name.as_ref());
+        let projected = volumes
+            .filter_map(|volume| volume.projected.as_ref()?.sources.as_ref())
+            .flatten()
+            .filter_map(|source| Some(&source.secret.as_ref()?.name));
+        let pull = self
+            .image_pull_secrets
+            .iter()
+            .flatten()
+            .map(|reference| &reference.name);
+        env.chain(env_from)
+            .chain(plain)
+            .chain(projected)
+            .chain(pull)
+            .filter(|name| !name.is_empty())
+            .cloned()
+            .collect()
+    }
+}
+
+/// The fields of a pod's metadata the guard keeps; `A` is how the annotations are read:
+/// kept (`Option<BTreeMap>`) or skipped while parsing ([`IgnoredAny`]).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KeptMetadata<A> {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    annotations: A,
+}
+
+impl<A> KeptMetadata<A> {
+    fn into_meta(self, annotations: Option<BTreeMap<String, String>>) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            uid: self.uid,
+            resource_version: self.resource_version,
+            labels: self.labels,
+            annotations,
+            creation_timestamp: self.creation_timestamp,
+            deletion_timestamp: self.deletion_timestamp,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// Checks a type field: an object that says it is something else is not a pod.
+fn expect<'de, D: serde::Deserializer<'de>>(deserializer: D, expected: &str) -> Result<(), D::Error> {
+    let value = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+    if value != expected {
+        return Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Str(&value),
+            &expected,
+        ));
+    }
+    Ok(())
+}
+
+fn expect_v1<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D::Error> {
+    expect(deserializer, Pod::API_VERSION)
+}
+
+fn expect_pod<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D::Error> {
+    expect(deserializer, Pod::KIND)
+}
+
+fn liveness_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
+    Ok(KeptMetadata::<IgnoredAny>::deserialize(deserializer)?.into_meta(None))
+}
+
+fn worker_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
+    let mut kept = KeptMetadata::<Option<BTreeMap<String, String>>>::deserialize(deserializer)?;
+    let annotations = kept.annotations.take();
+    Ok(kept.into_meta(annotations))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lookup::PodState;
+
+    fn json_pod() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "w1", "namespace": "cds", "uid": "uid-1", "resourceVersion": "42",
+                "labels": {"CDS_WORKER_NAME": "w1"},
+                "annotations": {"note": "a user's text"},
+                "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+            },
+            "spec": {
+                "containers": [{
+                    "name": "worker", "image": "ubuntu",
+                    "env": [
+                        {"name": "TOKEN", "value": "s3cr3t"},
+                        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "from-env", "key": "k"}}},
+                        {"name": "CM", "valueFrom": {"configMapKeyRef": {"name": "not-a-secret", "key": "k"}}}
+                    ],
+                    "envFrom": [{"secretRef": {"name": "from-env-from"}}, {"configMapRef": {"name": "cm"}}]
+                }],
+                "initContainers": [{"name": "init", "envFrom": [{"secretRef": {"name": "from-init"}}]}],
+                "ephemeralContainers": [{"name": "debug", "env": null}],
+                "volumes": [
+                    {"name": "a", "secret": {"secretName": "from-volume"}},
+                    {"name": "b", "projected": {"sources": [
+                        {"serviceAccountToken": {"path": "token"}},
+                        {"secret": {"name": "from-projection"}}
+                    ]}},
+                    {"name": "c", "emptyDir": {}}
+                ],
+                "imagePullSecrets": [{"name": "from-pull"}, {"name": ""}],
+                "nodeName": "node-1"
+            },
+            "status": {"phase": "Succeeded", "podIP": "10.0.0.1"}
+        })
+    }
+
+    #[test]
+    fn a_watched_pod_keeps_its_liveness_and_nothing_of_its_spec() {
+        let pod: PodLiveness = serde_json::from_value(json_pod()).unwrap();
+
+        let state = PodState::from(&pod);
+        assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
+        assert_eq!(state.labels.get("CDS_WORKER_NAME").map(String::as_str), Some("w1"));
+        assert_eq!(state.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(
+            pod.metadata.resource_version.as_deref(),
+            Some("42"),
+            "the watch resumes from it"
+        );
+        assert!(!state.is_live(), "a finished pod is not live");
+        let kept = format!("{pod:?}");
+        assert!(
+            !kept.contains("s3cr3t") && !kept.contains("a user's text") && !kept.contains("kubectl"),
+            "{kept}"
+        );
+    }
+
+    #[test]
+    fn a_worker_pod_keeps_its_annotations_and_every_secret_its_spec_names() {
+        let pod: WorkerPod = serde_json::from_value(json_pod()).unwrap();
+
+        let names = pod.spec.as_ref().unwrap().names();
+        let expected = [
+            "from-env",
+            "from-env-from",
+            "from-init",
+            "from-projection",
+            "from-pull",
+            "from-volume",
+        ];
+        assert_eq!(names, expected.map(String::from).into());
+        assert_eq!(
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("note"))
+                .map(String::as_str),
+            Some("a user's text")
+        );
+        assert_eq!(pod.phase().map(String::as_str), Some("Succeeded"));
+        let kept = format!("{pod:?}");
+        assert!(
+            !kept.contains("s3cr3t") && !kept.contains("kubectl") && !kept.contains("node-1"),
+            "{kept}"
+        );
+    }
+
+    #[test]
+    fn a_worker_pod_reads_back_what_it_writes() {
+        let whole: Pod = serde_json::from_value(json_pod()).unwrap();
+        let lean: WorkerPod = serde_json::from_value(json_pod()).unwrap();
+        let again: WorkerPod = serde_json::from_value(serde_json::to_value(&lean).unwrap()).unwrap();
+
+        assert_eq!(again, lean, "what it writes, it reads back");
+        assert_eq!(lean.metadata.labels, whole.metadata.labels);
+        assert_eq!(lean.metadata.annotations, whole.metadata.annotations);
+    }
+
+    #[test]
+    fn an_object_of_another_kind_is_not_a_worker_pod() {
+        for (field, value) in [("kind", "ReplicaSet"), ("apiVersion", "apps/v1")] {
+            let mut json = json_pod();
+            json[field] = value.into();
+            let error = serde_json::from_value::<WorkerPod>(json.clone())
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(value), "{error}");
+            assert!(
+                serde_json::from_value::<Pod>(json).is_err(),
+                "k8s-openapi refuses it too"
+            );
+        }
+        let mut json = json_pod();
+        json["kind"] = serde_json::json!({});
+        assert!(serde_json::from_value::<WorkerPod>(json).is_err());
+    }
+}
