@@ -29,7 +29,7 @@ use std::{
 };
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use bench_support::{Load, Measured, Table, f2, goal, median, median_ratio, rps, rss_mib};
+use bench_support::{Load, Measured, Process, Table, f2, goal, median, median_ratio, rps, rss_mib, start_ceiling};
 use clap::Parser;
 use e2e::{
     Guard, GuardOptions, TestNamespace, client, control_plane, guard_kubeconfig, kubectl, service_account_kubeconfig,
@@ -150,35 +150,93 @@ async fn create_fillers(client: &Client, namespace: &str, count: usize) -> Durat
 
 // === registration, toggled ===
 
-/// Registers or unregisters the guard's webhooks, and waits until the apiserver acts on it:
-/// a dry-run delete of a secret whose pod is live is denied only while it is registered.
-async fn set_registered(guard: &Guard, probe: &Api<Secret>, probe_secret: &str, on: bool) {
-    if on {
-        let applied = kubectl()
-            .args(["apply", "-f"])
-            .arg(guard.webhooks_yaml())
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(applied.success(), "kubectl apply of the webhooks failed");
-    } else {
-        assert!(unregister_webhooks(), "cannot unregister the webhooks");
+/// Who answers the secret deletes' admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Webhook {
+    None = 0,
+    Guard = 1,
+    /// The ceiling denying every review (`examples/ceiling --deny`): what calling any
+    /// webhook costs the apiserver.
+    Floor = 2,
+}
+
+/// The floor's refusal, as the probe sees it.
+const FLOOR_MESSAGE: &str = "denied by the ceiling";
+
+/// The webhook registrations to toggle between.
+struct Registrations<'a> {
+    guard: &'a Guard,
+    /// The floor's validating webhook: the guard's, pointed at the floor's port.
+    floor_yaml: PathBuf,
+    probe: &'a Api<Secret>,
+    probe_secret: &'a str,
+}
+
+impl<'a> Registrations<'a> {
+    fn new(guard: &'a Guard, floor: &Process, probe: &'a Api<Secret>, probe_secret: &'a str) -> Self {
+        let yaml = std::fs::read_to_string(guard.webhooks_yaml()).unwrap();
+        let validating = yaml
+            .split("\n---")
+            .find(|document| document.contains("kind: ValidatingWebhookConfiguration"))
+            .expect("the guard's webhooks.yaml has a validating webhook");
+        let guard_port = format!(":{}/", guard.admission_addr().port());
+        assert!(validating.contains(&guard_port), "the webhook calls the guard's port");
+        let floor_yaml = guard.webhooks_yaml().with_file_name("floor-webhook.yaml");
+        let floor_port = format!(":{}/", floor.addr.port());
+        std::fs::write(&floor_yaml, validating.replace(&guard_port, &floor_port)).unwrap();
+        Self {
+            guard,
+            floor_yaml,
+            probe,
+            probe_secret,
+        }
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+
+    /// Registers `webhook` alone, and waits until the apiserver acts on it: a dry-run
+    /// delete of a secret whose pod is live is answered by it.
+    async fn set(&self, webhook: Webhook) {
+        let yaml = match webhook {
+            Webhook::None => None,
+            Webhook::Guard => Some(self.guard.webhooks_yaml()),
+            Webhook::Floor => Some(self.floor_yaml.clone()),
+        };
+        match yaml {
+            Some(yaml) => {
+                let applied = kubectl()
+                    .args(["apply", "-f"])
+                    .arg(yaml)
+                    .stdout(Stdio::null())
+                    .status()
+                    .unwrap();
+                assert!(applied.success(), "kubectl apply of the webhooks failed");
+            }
+            None => assert!(unregister_webhooks(), "cannot unregister the webhooks"),
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.answering().await == webhook {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "registration of {webhook:?} never took effect"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn answering(&self) -> Webhook {
         let params = DeleteParams {
             dry_run: true,
             ..DeleteParams::default()
         };
-        let denied = matches!(
-            probe.delete(probe_secret, &params).await,
-            Err(kube::Error::Api(status)) if status.code == 403
-        );
-        if denied == on {
-            return;
+        match self.probe.delete(self.probe_secret, &params).await {
+            Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains(FLOOR_MESSAGE) => {
+                Webhook::Floor
+            }
+            Err(kube::Error::Api(status)) if status.code == 403 => Webhook::Guard,
+            _ => Webhook::None,
         }
-        assert!(Instant::now() < deadline, "registration {on} never took effect");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -209,15 +267,14 @@ const PATHS: [Path4; 3] = [
     },
 ];
 
-/// `results[registered][namespace]`: one `Measured` per round.
-type PathResults = [[Vec<Measured>; 2]; 2];
+/// `results[webhook][namespace]`: one `Measured` per round.
+type PathResults = [[Vec<Measured>; 2]; 3];
 
 async fn measure_path(
     args: &Args,
-    guard: &Guard,
+    registrations: &Registrations<'_>,
     namespaces: [&str; 2],
     path: &Path4,
-    probe: (&Api<Secret>, &str),
 ) -> PathResults {
     let base = apiserver_url();
     let load = |namespace: &str| Load {
@@ -234,19 +291,29 @@ async fn measure_path(
         cacert: Some(pki("ca.crt")),
     };
     let mut results: PathResults = Default::default();
+    // The floor denies: it stands in for the guard on its deny paths only.
+    let webhooks = if path.guarded == 403 {
+        &[Webhook::Guard, Webhook::None, Webhook::Floor][..]
+    } else {
+        &[Webhook::Guard, Webhook::None][..]
+    };
     for round in 0..args.rounds {
-        for (registered, on) in [(1, true), (0, false)] {
-            set_registered(guard, probe.0, probe.1, on).await;
+        for &webhook in webhooks {
+            registrations.set(webhook).await;
             for (i, namespace) in namespaces.iter().enumerate() {
-                let expect = if on { path.guarded } else { 200 };
+                let expect = match webhook {
+                    Webhook::None => 200,
+                    Webhook::Guard => path.guarded,
+                    Webhook::Floor => 403,
+                };
                 let measured = tokio::task::block_in_place(|| load(namespace).run(expect));
                 assert!(
                     measured.unexpected.is_empty(),
-                    "{} in {namespace}, guard {on}: unexpected answers {:?}",
+                    "{} in {namespace}, {webhook:?}: unexpected answers {:?}",
                     path.name,
                     measured.unexpected
                 );
-                results[registered][i].push(measured);
+                results[webhook as usize][i].push(measured);
             }
         }
         eprintln!(
@@ -259,12 +326,20 @@ async fn measure_path(
     results
 }
 
-fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, latency: &mut Table, scaling: &mut Table) {
+fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, tables: &mut PathTables) {
+    let PathTables {
+        latency,
+        scaling,
+        floor,
+    } = tables;
     let p50 = |r: &[Measured]| r.iter().map(|m| m.p50_ms).collect::<Vec<_>>();
     let p99 = |r: &[Measured]| r.iter().map(|m| m.p99_ms).collect::<Vec<_>>();
     let rate = |r: &[Measured]| r.iter().map(|m| m.rps).collect::<Vec<_>>();
     for (i, count) in pods.iter().enumerate() {
-        let (on, off) = (&results[1][i], &results[0][i]);
+        let (on, off) = (
+            &results[Webhook::Guard as usize][i],
+            &results[Webhook::None as usize][i],
+        );
         let ratio = median_ratio(&p50(on), &p50(off));
         latency.row(vec![
             path.name.into(),
@@ -278,8 +353,8 @@ fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, latency: &mu
             f2(median_ratio(&p99(on), &p99(off))),
         ]);
     }
-    for (registered, who) in [(1, "guard"), (0, "no webhook")] {
-        let (large, small) = (&results[registered][1], &results[registered][0]);
+    for (webhook, who) in [(Webhook::Guard, "guard"), (Webhook::None, "no webhook")] {
+        let (large, small) = (&results[webhook as usize][1], &results[webhook as usize][0]);
         let ratio = median_ratio(&p50(large), &p50(small));
         scaling.row(vec![
             path.name.into(),
@@ -290,6 +365,28 @@ fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, latency: &mu
             f2(median_ratio(&p99(large), &p99(small))),
         ]);
     }
+    let floor_runs = &results[Webhook::Floor as usize];
+    for (i, count) in pods.iter().enumerate().filter(|(i, _)| !floor_runs[*i].is_empty()) {
+        let [none, guard, floored] =
+            [Webhook::None, Webhook::Guard, Webhook::Floor].map(|w| p50(&results[w as usize][i]));
+        floor.row(vec![
+            path.name.into(),
+            count.to_string(),
+            f2(median(&none)),
+            f2(median(&floored)),
+            f2(median(&guard)),
+            f2(median_ratio(&floored, &none)),
+            f2(median_ratio(&guard, &none)),
+            f2(median_ratio(&guard, &floored)),
+        ]);
+    }
+}
+
+/// The tables the delete paths fill.
+struct PathTables {
+    latency: Table,
+    scaling: Table,
+    floor: Table,
 }
 
 // === reconciler load ===
@@ -673,10 +770,9 @@ async fn main() {
     }
     let namespaces = [small.name.as_str(), large.name.as_str()];
     let pods = [10, args.pods];
-    let probe_secrets = small.secrets();
-    let probe = (&probe_secrets, "cds-worker-config-live");
+    let probe = small.secrets();
 
-    let mut latency = Table::new(
+    let latency = Table::new(
         format!(
             "Apiserver path: secret DELETE ?dryRun=All as admin, oha {} connections (HTTP/1.1), {} rounds of {:?}, with/without the guard alternating (medians)",
             args.connections, args.rounds, args.duration
@@ -693,7 +789,7 @@ async fn main() {
             "p99 guard / no webhook",
         ],
     );
-    let mut scaling = Table::new(
+    let scaling = Table::new(
         format!(
             "Apiserver path: {} pods in the namespace vs 10 (same rounds)",
             args.pods
@@ -708,25 +804,55 @@ async fn main() {
         ],
     );
 
-    let young = measure_path(&args, &guard, namespaces, &PATHS[0], probe).await;
-    path_rows(&PATHS[0], pods, &young, &mut latency, &mut scaling);
+    let floor = Table::new(
+        "Apiserver path: the floor, the cheapest webhook that denies (`examples/ceiling --deny`: the guard's TLS and HTTP stack, echoing the uid in a refusal) registered in the guard's place (same rounds)",
+        &[
+            "path",
+            "pods in namespace",
+            "p50 ms no webhook",
+            "p50 ms floor",
+            "p50 ms guard",
+            "p50 floor / no webhook",
+            "p50 guard / no webhook",
+            "p50 guard / floor",
+        ],
+    );
+    let mut tables = PathTables {
+        latency,
+        scaling,
+        floor,
+    };
+    let certs = guard.webhooks_yaml().with_file_name("certs");
+    let floor = start_ceiling(&certs, true);
+
+    let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
+    let young = measure_path(&args, &registrations, namespaces, &PATHS[0]).await;
+    path_rows(&PATHS[0], pods, &young, &mut tables);
     drop(guard);
 
     // Old secrets from here on: a guard with a 1 s grace period.
     let guard = Guard::start_with(grace("1s"));
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_large_fresh = rss_mib(guard.pid().unwrap());
+    let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
     for path in &PATHS[1..] {
-        let results = measure_path(&args, &guard, namespaces, path, probe).await;
-        path_rows(path, pods, &results, &mut latency, &mut scaling);
+        let results = measure_path(&args, &registrations, namespaces, path).await;
+        path_rows(path, pods, &results, &mut tables);
     }
     drop(guard);
+    drop(floor);
+    let PathTables {
+        mut latency,
+        scaling,
+        floor,
+    } = tables;
     latency.note(
         "Each path's secret is protected; the live pod is named after its worker (one more pod in each namespace). \
          Deny by age runs a guard with the default grace period (10m), the others one with 1s.",
     );
     latency.print();
     scaling.print();
+    floor.print();
 
     let mut memory = Table::new(
         "Guard memory (VmRSS) with worker pods present",

@@ -15,13 +15,15 @@ mod bench_support;
 mod common;
 
 use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::{Command, Stdio},
+    time::Duration,
 };
 
-use bench_support::{Load, Measured, Table, cpu_time, f2, goal, median, median_ratio, rps};
+use bench_support::{
+    Load, Measured, Process, Table, cpu_time, f2, free_port, goal, median, median_ratio, profile_dir, rps,
+    start_ceiling, wait_listening,
+};
 use clap::Parser;
 use common::{review, set, time_ago};
 
@@ -44,43 +46,6 @@ fn repo() -> &'static Path {
 }
 
 /// `target/<profile>/`, beside this example's directory.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_owned()
-}
-
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-struct Process {
-    name: &'static str,
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Process {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(addr).is_err() {
-        assert!(child.try_wait().unwrap().is_none(), "{what} exited");
-        assert!(Instant::now() < deadline, "{what} does not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn start_guard(certs: &Path, work: &Path) -> Process {
     let (addr, probes) = (free_port(), free_port());
     let log = std::fs::File::create(work.join("guard-tls.log")).unwrap();
@@ -101,26 +66,6 @@ fn start_guard(certs: &Path, work: &Path) -> Process {
     wait_listening(addr, &mut child, "the guard");
     Process {
         name: "guard",
-        child,
-        addr,
-    }
-}
-
-fn start_ceiling(certs: &Path) -> Process {
-    let addr = free_port();
-    let mut child = Command::new(profile_dir().join("examples/ceiling"))
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--tls-cert")
-        .arg(certs.join("tls.crt"))
-        .arg("--tls-key")
-        .arg(certs.join("tls.key"))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start examples/ceiling (build it with --release)");
-    wait_listening(addr, &mut child, "the ceiling");
-    Process {
-        name: "ceiling",
         child,
         addr,
     }
@@ -202,7 +147,7 @@ fn main() {
     assert!(made.success(), "cds-secret-guard certs failed");
 
     let guard = start_guard(&certs, &work);
-    let ceiling = start_ceiling(&certs);
+    let ceiling = start_ceiling(&certs, false);
     let servers = [&guard, &ceiling];
 
     let mut figures = Table::new(

@@ -5,8 +5,13 @@
 //! AdmissionReview. Whatever the guard does beyond this is its own cost: `make bench`
 //! loads both, alternately, and prints the guard's figures as ratios of these.
 //!
+//! With `--deny`, it is the cheapest webhook that denies: it echoes each review's uid
+//! (the apiserver checks it) in a refusal. `make bench` registers it in the guard's place
+//! to measure what calling any webhook costs the apiserver: the floor of the guard's
+//! deny paths.
+//!
 //!     cargo run --release --example ceiling -- --listen 127.0.0.1:9444 \
-//!         --tls-cert certs/tls.crt --tls-key certs/tls.key
+//!         --tls-cert certs/tls.crt --tls-key certs/tls.key [--deny]
 
 #![allow(missing_docs)]
 
@@ -21,11 +26,33 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
 };
+use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 /// What every request gets.
 const REVIEW: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"00000000-0000-4000-8000-000000000000","allowed":true}}"#;
+
+/// The only field of a review that `--deny` reads.
+#[derive(Deserialize)]
+struct Review<'a> {
+    #[serde(borrow)]
+    request: ReviewRequest<'a>,
+}
+
+#[derive(Deserialize)]
+struct ReviewRequest<'a> {
+    uid: &'a str,
+}
+
+/// A refusal of the review in `body`, with its uid; `None` for a body that is not one.
+fn denial(body: &[u8]) -> Option<String> {
+    let review: Review<'_> = serde_json::from_slice(body).ok()?;
+    Some(format!(
+        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":"{}","allowed":false,"status":{{"code":403,"reason":"Forbidden","message":"denied by the ceiling"}}}}}}"#,
+        review.request.uid
+    ))
+}
 
 #[derive(Debug, Parser)]
 #[command(about = "The guard's TLS + HTTP stack answering a constant AdmissionReview")]
@@ -36,6 +63,9 @@ struct Args {
     tls_cert: PathBuf,
     #[arg(long)]
     tls_key: PathBuf,
+    /// Deny every review, echoing its uid, instead of the constant answer.
+    #[arg(long)]
+    deny: bool,
 }
 
 #[tokio::main]
@@ -59,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
                 continue;
             }
         };
-        let (acceptor, limits) = (acceptor.clone(), limits.clone());
+        let (acceptor, limits, deny) = (acceptor.clone(), limits.clone(), args.deny);
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
@@ -67,11 +97,16 @@ async fn main() -> anyhow::Result<()> {
             let body_limit = limits.body_limit;
             let service = service_fn(move |request: Request<Incoming>| async move {
                 let read = to_bytes(Body::new(request.into_body()), body_limit).await;
-                let response = match read {
-                    Ok(_) => Response::builder()
+                let answer = match read {
+                    Ok(_) if !deny => Some(Body::from(REVIEW)),
+                    Ok(body) => denial(&body).map(Body::from),
+                    Err(_) => None,
+                };
+                let response = match answer {
+                    Some(answer) => Response::builder()
                         .header("content-type", "application/json")
-                        .body(Body::from(REVIEW)),
-                    Err(_) => Response::builder().status(400).body(Body::empty()),
+                        .body(answer),
+                    None => Response::builder().status(400).body(Body::empty()),
                 };
                 Ok::<_, Infallible>(response.unwrap_or_default())
             });

@@ -1,13 +1,15 @@
 //! What the load benchmarks share: running `oha` and reading its JSON summary, medians of
-//! alternating rounds, CPU time and memory of a process, and the tables they print.
+//! alternating rounds, CPU time and memory of a process, the servers they start, and the
+//! tables they print.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
+    net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use serde_json::Value;
@@ -238,4 +240,75 @@ pub fn goal(figure: f64, met: bool, goal: &str) -> String {
         return format!("- ({goal})");
     }
     format!("{} {} ({goal})", f2(figure), if met { "ok" } else { "MISSED" })
+}
+
+// === processes ===
+
+/// The directory of the running example's profile (`target/release`, `target/bench`…),
+/// where the binaries it starts were built.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_owned()
+}
+
+/// A loopback address nobody listens on (yet).
+pub fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A server process, killed when dropped.
+pub struct Process {
+    pub name: &'static str,
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `child` accepts connections on `addr`.
+pub fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "{what} exited");
+        assert!(Instant::now() < deadline, "{what} does not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts `examples/ceiling` with the certificates in `certs`; `deny` makes it refuse
+/// every review, echoing its uid (the floor of a webhook on the apiserver's path).
+pub fn start_ceiling(certs: &Path, deny: bool) -> Process {
+    let addr = free_port();
+    let mut command = Command::new(profile_dir().join("examples/ceiling"));
+    command
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--tls-cert")
+        .arg(certs.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(certs.join("tls.key"))
+        .stdout(Stdio::null());
+    if deny {
+        command.arg("--deny");
+    }
+    let mut child = command
+        .spawn()
+        .expect("start examples/ceiling (build it with --release)");
+    wait_listening(addr, &mut child, "the ceiling");
+    Process {
+        name: "ceiling",
+        child,
+        addr,
+    }
 }
