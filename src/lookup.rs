@@ -86,7 +86,7 @@ impl PodCache {
             .push(store);
     }
 
-    /// The pod as last seen, if a watch saw it.
+    /// The pod as last seen (without its labels), if a watch saw it.
     pub fn get(&self, namespace: &str, name: &str) -> Option<PodState> {
         let key = ObjectRef::new(name).within(namespace);
         let stores = self.stores.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -227,13 +227,13 @@ impl KubeLookup {
 #[async_trait]
 impl ClusterLookup for KubeLookup {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
-        // `get_opt` sends no resourceVersion: a quorum read. Decoded as liveness only.
-        let pods: Api<PodLiveness> = Api::namespaced(self.client.clone(), namespace);
+        // `get_opt` sends no resourceVersion: a quorum read.
+        let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
         Ok(pods.get_opt(name).await?.as_ref().map(PodState::from))
     }
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
-        let pods: Api<PodLiveness> = Api::namespaced(self.client.clone(), namespace);
+        let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
         // The default ListParams carry no resourceVersion: "most recent", a quorum read.
         let params = ListParams::default().labels(&format!("{label}={value}"));
         debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");

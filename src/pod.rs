@@ -20,10 +20,10 @@ use serde::{Deserialize, Serialize, de::IgnoredAny};
 
 /// A pod as the watches decode it: the metadata liveness and adoption need, and the
 /// phase. With 10,000 pods, decoding whole pods and dropping their specs doubled the
-/// guard's memory (allocator fragmentation).
+/// guard's memory (allocator fragmentation); their labels cost megabytes more.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct PodLiveness {
-    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
+    /// Name, namespace, uid, resourceVersion, creation and deletion timestamps.
     #[serde(deserialize_with = "liveness_metadata")]
     pub metadata: ObjectMeta,
     /// Its phase only.
@@ -31,8 +31,9 @@ pub struct PodLiveness {
     pub status: Option<PhasePart>,
 }
 
-/// A pod as the mutation and the adoption read it: [`PodLiveness`]'s metadata and its
-/// annotations, the secret references of its spec, its phase.
+/// A pod as the mutation, the adoption and the quorum reads see it: [`PodLiveness`]'s
+/// metadata with the labels and annotations, the secret references of its spec, its
+/// phase.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerPod {
     /// `apiVersion`, checked to be `v1` (as k8s-openapi's `Pod` checks it), not kept.
@@ -41,7 +42,7 @@ pub struct WorkerPod {
     /// `kind`, checked to be `Pod`, not kept.
     #[serde(default, deserialize_with = "expect_pod", skip_serializing)]
     pub kind: (),
-    /// What [`PodLiveness`] keeps, and the annotations.
+    /// What [`PodLiveness`] keeps, and the labels and annotations.
     #[serde(default, deserialize_with = "worker_metadata")]
     pub metadata: ObjectMeta,
     /// The parts of the spec that can name a secret.
@@ -228,30 +229,34 @@ impl SecretReferences {
     }
 }
 
-/// The fields of a pod's metadata the guard keeps; `A` is how the annotations are read:
-/// kept (`Option<BTreeMap>`) or skipped while parsing ([`IgnoredAny`]).
+/// The fields of a pod's metadata the guard keeps; `M` is how the labels and annotations
+/// are read: kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct KeptMetadata<A> {
+struct KeptMetadata<M> {
     name: Option<String>,
     namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
     #[serde(default)]
-    annotations: A,
+    labels: M,
+    #[serde(default)]
+    annotations: M,
 }
 
-impl<A> KeptMetadata<A> {
-    fn into_meta(self, annotations: Option<BTreeMap<String, String>>) -> ObjectMeta {
+/// Labels or annotations, kept.
+type Maps = Option<BTreeMap<String, String>>;
+
+impl<M> KeptMetadata<M> {
+    fn into_meta(self, labels: Maps, annotations: Maps) -> ObjectMeta {
         ObjectMeta {
             name: self.name,
             namespace: self.namespace,
             uid: self.uid,
             resource_version: self.resource_version,
-            labels: self.labels,
+            labels,
             annotations,
             creation_timestamp: self.creation_timestamp,
             deletion_timestamp: self.deletion_timestamp,
@@ -281,13 +286,13 @@ fn expect_pod<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D
 }
 
 fn liveness_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    Ok(KeptMetadata::<IgnoredAny>::deserialize(deserializer)?.into_meta(None))
+    Ok(KeptMetadata::<IgnoredAny>::deserialize(deserializer)?.into_meta(None, None))
 }
 
 fn worker_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let mut kept = KeptMetadata::<Option<BTreeMap<String, String>>>::deserialize(deserializer)?;
-    let annotations = kept.annotations.take();
-    Ok(kept.into_meta(annotations))
+    let mut kept = KeptMetadata::<Maps>::deserialize(deserializer)?;
+    let (labels, annotations) = (kept.labels.take(), kept.annotations.take());
+    Ok(kept.into_meta(labels, annotations))
 }
 
 #[cfg(test)]
@@ -337,7 +342,7 @@ mod tests {
 
         let state = PodState::from(&pod);
         assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
-        assert_eq!(state.labels.get("CDS_WORKER_NAME").map(String::as_str), Some("w1"));
+        assert!(state.labels.is_empty(), "labels are for the quorum reads");
         assert_eq!(state.phase.as_deref(), Some("Succeeded"));
         assert_eq!(
             pod.metadata.resource_version.as_deref(),
@@ -353,7 +358,7 @@ mod tests {
     }
 
     #[test]
-    fn a_worker_pod_keeps_its_annotations_and_every_secret_its_spec_names() {
+    fn a_worker_pod_keeps_its_labels_annotations_and_every_secret_its_spec_names() {
         let pod: WorkerPod = serde_json::from_value(json_pod()).unwrap();
 
         let names = pod.spec.as_ref().unwrap().names();
@@ -374,6 +379,8 @@ mod tests {
                 .map(String::as_str),
             Some("a user's text")
         );
+        let state = PodState::from(&pod);
+        assert_eq!(state.labels.get("CDS_WORKER_NAME").map(String::as_str), Some("w1"));
         assert_eq!(pod.phase().map(String::as_str), Some("Succeeded"));
         let kept = format!("{pod:?}");
         assert!(
