@@ -822,25 +822,26 @@ async fn main() {
         scaling,
         floor,
     };
-    let certs = guard.webhooks_yaml().with_file_name("certs");
-    let floor = start_ceiling(&certs, true);
+    // The floor serves the guard's certificate: the apiserver trusts it with the same CA.
+    let floor_of = |guard: &Guard| start_ceiling(&guard.webhooks_yaml().with_file_name("certs"), true);
 
+    let floor = floor_of(&guard);
     let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
     let young = measure_path(&args, &registrations, namespaces, &PATHS[0]).await;
     path_rows(&PATHS[0], pods, &young, &mut tables);
-    drop(guard);
+    drop((guard, floor));
 
     // Old secrets from here on: a guard with a 1 s grace period.
     let guard = Guard::start_with(grace("1s"));
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_large_fresh = rss_mib(guard.pid().unwrap());
+    let floor = floor_of(&guard);
     let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
     for path in &PATHS[1..] {
         let results = measure_path(&args, &registrations, namespaces, path).await;
         path_rows(path, pods, &results, &mut tables);
     }
-    drop(guard);
-    drop(floor);
+    drop((guard, floor));
     let PathTables {
         mut latency,
         scaling,
