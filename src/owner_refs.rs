@@ -319,8 +319,10 @@ fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta, pods: &Store<PodLiveness>)
     }
     let worker = policy.worker_of_secret(secret)?;
     let pod = ObjectRef::new(&worker).within(secret.namespace.as_deref()?);
-    let watched_uid = pods.get(&pod).and_then(|watched| watched.metadata.uid.clone());
-    let adopted = watched_uid.is_some_and(|uid| crate::policy::pod_owners(secret).any(|owner| owner.uid == uid));
+    let adopted = pods.get(&pod).is_some_and(|watched| {
+        let uid = watched.metadata.uid.as_deref();
+        crate::policy::pod_owners(secret).any(|owner| Some(owner.uid.as_str()) == uid)
+    });
     (!adopted).then_some(pod)
 }
 
