@@ -18,12 +18,13 @@ use k8s_openapi::{
 };
 use serde::{Deserialize, Serialize, de::IgnoredAny};
 
-/// A pod as the watches decode it: the metadata liveness and adoption need, and the
-/// phase. With 10,000 pods, decoding whole pods and dropping their specs doubled the
-/// guard's memory (allocator fragmentation); their labels cost megabytes more.
+/// A pod as the watches decode it: the metadata liveness and adoption need, its labels
+/// (the watch keeps only the worker label: the others cost megabytes with 10,000 pods),
+/// and the phase. Decoding whole pods and dropping their specs doubled the guard's
+/// memory (allocator fragmentation).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct PodLiveness {
-    /// Name, namespace, uid, resourceVersion, creation and deletion timestamps.
+    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
     #[serde(deserialize_with = "liveness_metadata")]
     pub metadata: ObjectMeta,
     /// Its phase only.
@@ -229,11 +230,11 @@ impl SecretReferences {
     }
 }
 
-/// The fields of a pod's metadata the guard keeps; `M` is how the labels and annotations
-/// are read: kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
+/// The fields of a pod's metadata the guard keeps; `L` and `A` are how the labels and the
+/// annotations are read: kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct KeptMetadata<M> {
+struct KeptMetadata<L, A> {
     name: Option<String>,
     namespace: Option<String>,
     uid: Option<String>,
@@ -241,15 +242,15 @@ struct KeptMetadata<M> {
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
     #[serde(default)]
-    labels: M,
+    labels: L,
     #[serde(default)]
-    annotations: M,
+    annotations: A,
 }
 
 /// Labels or annotations, kept.
 type Maps = Option<BTreeMap<String, String>>;
 
-impl<M> KeptMetadata<M> {
+impl<L, A> KeptMetadata<L, A> {
     fn into_meta(self, labels: Maps, annotations: Maps) -> ObjectMeta {
         ObjectMeta {
             name: self.name,
@@ -286,11 +287,13 @@ fn expect_pod<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D
 }
 
 fn liveness_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    Ok(KeptMetadata::<IgnoredAny>::deserialize(deserializer)?.into_meta(None, None))
+    let mut kept = KeptMetadata::<Maps, IgnoredAny>::deserialize(deserializer)?;
+    let labels = kept.labels.take();
+    Ok(kept.into_meta(labels, None))
 }
 
 fn worker_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let mut kept = KeptMetadata::<Maps>::deserialize(deserializer)?;
+    let mut kept = KeptMetadata::<Maps, Maps>::deserialize(deserializer)?;
     let (labels, annotations) = (kept.labels.take(), kept.annotations.take());
     Ok(kept.into_meta(labels, annotations))
 }
@@ -342,7 +345,11 @@ mod tests {
 
         let state = PodState::from(&pod);
         assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
-        assert!(state.labels.is_empty(), "labels are for the quorum reads");
+        assert_eq!(
+            state.labels.get("CDS_WORKER_NAME").map(String::as_str),
+            Some("w1"),
+            "the watch's index reads the worker label"
+        );
         assert_eq!(state.phase.as_deref(), Some("Succeeded"));
         assert_eq!(
             pod.metadata.resource_version.as_deref(),
