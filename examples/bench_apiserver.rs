@@ -5,7 +5,9 @@
 //!    (client certificate from `target/controlplane/pki/`), with and without the guard
 //!    registered, alternately, on each of its paths: deny by age (a young secret), deny by
 //!    live pod (an old secret whose worker's pod exists), allow orphan (an old secret, no
-//!    pod); each in a namespace with 10 pods and in one with 10,000.
+//!    pod), and allow orphan again while a worker pod changes every 5 ms (the guard's pod
+//!    watch then answers the label half); each in a namespace with 10 pods and in one
+//!    with 10,000.
 //! 2. **Memory**: the guard's VmRSS with 10 worker pods, then with 10,000.
 //! 3. **Reconciler load**: workers spawned as the hatchery does (secret, pod, status
 //!    updates as a kubelet would make them, pod delete, the garbage collector deletes the
@@ -125,7 +127,11 @@ fn worker_pod(worker: &str, hatchery: &str) -> Pod {
 
 /// A pod labelled as a worker's, using no secret: it fills a namespace.
 fn filler_pod(i: usize) -> Pod {
-    let name = format!("filler-{i:05}");
+    labelled_pod(&format!("filler-{i:05}"))
+}
+
+/// A pod labelled as the worker of its name, using no secret.
+fn labelled_pod(name: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"CDS_HATCHERY_NAME": "bench-filler", "CDS_WORKER_NAME": name}},
         "spec": {"restartPolicy": "Never", "containers": [{"name": "worker", "image": "ovhcom/cds-worker:latest"}]},
@@ -247,35 +253,83 @@ struct Path4 {
     worker: &'static str,
     /// HTTP status with the guard registered.
     guarded: u16,
+    /// Whether a worker pod in the namespace changes every [`CHURN_EVERY`] meanwhile, as
+    /// worker pods do where the hatchery is busy: the guard's pod watch then moves.
+    churn: bool,
 }
 
-const PATHS: [Path4; 3] = [
+/// How often the churning pod changes (an annotation), with and without the guard alike.
+const CHURN_EVERY: Duration = Duration::from_millis(5);
+
+const PATHS: [Path4; 4] = [
     Path4 {
         name: "deny by age (young secret)",
         worker: "young",
         guarded: 403,
+        churn: false,
     },
     Path4 {
         name: "deny by live pod",
         worker: "live",
         guarded: 403,
+        churn: false,
     },
     Path4 {
         name: "allow orphan",
         worker: "orphan",
         guarded: 200,
+        churn: false,
+    },
+    Path4 {
+        name: "allow orphan, worker pods changing",
+        worker: "orphan",
+        guarded: 200,
+        churn: true,
     },
 ];
+
+/// Changes the `churn` pod of each namespace every [`CHURN_EVERY`] until dropped.
+struct Churn(Vec<tokio::task::JoinHandle<()>>);
+
+impl Churn {
+    fn start(admin: &Client, namespaces: [&str; 2]) -> Self {
+        Self(
+            namespaces
+                .iter()
+                .map(|namespace| {
+                    let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
+                    tokio::spawn(async move {
+                        for n in 0u64.. {
+                            let patch = json!({"metadata": {"annotations": {"churn": n.to_string()}}});
+                            let _ = pods
+                                .patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
+                                .await;
+                            tokio::time::sleep(CHURN_EVERY).await;
+                        }
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Churn {
+    fn drop(&mut self) {
+        self.0.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}
 
 /// `results[webhook][namespace]`: one `Measured` per round.
 type PathResults = [[Vec<Measured>; 2]; 3];
 
 async fn measure_path(
     args: &Args,
+    admin: &Client,
     registrations: &Registrations<'_>,
     namespaces: [&str; 2],
     path: &Path4,
 ) -> PathResults {
+    let _churn = path.churn.then(|| Churn::start(admin, namespaces));
     let base = apiserver_url();
     let load = |namespace: &str| Load {
         url: format!(
@@ -558,12 +612,11 @@ fn guard_requests(namespace: &str, from: Timestamp, to: Timestamp) -> BTreeMap<S
             resource = format!("{resource}/{sub}");
         }
         let mut verb = event["verb"].as_str().unwrap_or("?").to_owned();
-        if verb == "list"
-            && event["requestURI"]
-                .as_str()
-                .is_some_and(|uri| uri.contains("labelSelector"))
-        {
+        let uri = event["requestURI"].as_str().unwrap_or_default();
+        if verb == "list" && uri.contains("labelSelector") {
             verb = "list (label)".to_owned();
+        } else if verb == "list" && uri.contains("fieldSelector=metadata.name") {
+            verb = "list (name)".to_owned();
         }
         *counts
             .entry(credential)
@@ -762,11 +815,9 @@ async fn main() {
                 .await
                 .unwrap();
         }
-        namespace
-            .pods()
-            .create(&PostParams::default(), &worker_pod("live", "bench-paths"))
-            .await
-            .unwrap();
+        for pod in [worker_pod("live", "bench-paths"), labelled_pod("churn")] {
+            namespace.pods().create(&PostParams::default(), &pod).await.unwrap();
+        }
     }
     let namespaces = [small.name.as_str(), large.name.as_str()];
     let pods = [10, args.pods];
@@ -827,7 +878,7 @@ async fn main() {
 
     let floor = floor_of(&guard);
     let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
-    let young = measure_path(&args, &registrations, namespaces, &PATHS[0]).await;
+    let young = measure_path(&args, &admin, &registrations, namespaces, &PATHS[0]).await;
     path_rows(&PATHS[0], pods, &young, &mut tables);
     drop((guard, floor));
 
@@ -838,7 +889,7 @@ async fn main() {
     let floor = floor_of(&guard);
     let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
     for path in &PATHS[1..] {
-        let results = measure_path(&args, &registrations, namespaces, path).await;
+        let results = measure_path(&args, &admin, &registrations, namespaces, path).await;
         path_rows(path, pods, &results, &mut tables);
     }
     drop((guard, floor));
@@ -848,8 +899,11 @@ async fn main() {
         floor,
     } = tables;
     latency.note(
-        "Each path's secret is protected; the live pod is named after its worker (one more pod in each namespace). \
-         Deny by age runs a guard with the default grace period (10m), the others one with 1s.",
+        "Each path's secret is protected; the live pod is named after its worker (one more pod in each namespace, \
+         and the `churn` pod). Deny by age runs a guard with the default grace period (10m), the others one with 1s. \
+         \"Worker pods changing\": the `churn` pod of each namespace is patched every 5 ms during the measurements, \
+         with and without the guard alike; the guard's pod watch moves, and it answers rule 5's label half once \
+         it has caught up with the read by name instead of a label LIST.",
     );
     latency.print();
     scaling.print();
