@@ -589,8 +589,14 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
 /// cost of a spawned worker.
 fn guard_requests(namespace: &str, from: Timestamp, to: Timestamp) -> BTreeMap<String, BTreeMap<String, usize>> {
     let (from, to) = (format!("{from:.6}"), format!("{to:.6}"));
-    let log = repo().join("target/controlplane/logs/kube-apiserver.audit.log");
-    let text = std::fs::read_to_string(log).unwrap_or_default();
+    // The log and its rotated backup (200 MB each): a run can fill more than one.
+    let logs = repo().join("target/controlplane/logs");
+    let mut text = String::new();
+    for entry in std::fs::read_dir(logs).unwrap().filter_map(Result::ok) {
+        if entry.file_name().to_string_lossy().starts_with("kube-apiserver.audit") {
+            text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+        }
+    }
     let mut seen = BTreeSet::new();
     let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     for event in text.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()) {
