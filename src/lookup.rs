@@ -1,10 +1,9 @@
 //! Quorum reads of pods, secrets and namespaces.
 //!
 //! Every read here is sent to the apiserver without a `resourceVersion`, so it is served
-//! from etcd (or from a watch cache proven current): never with `resourceVersion=0`, and
-//! never from an informer cache unless it too is proven current (the labelled pods, from
-//! [`WatchedPods`] once it has shown the revision of a read made after the request).
-//! Deciding "pod absent" from a stale read is exactly the bug this guard exists to stop.
+//! from etcd (or from a watch cache proven current): never from an informer cache and
+//! never with `resourceVersion=0`. Deciding "pod absent" from a stale read is exactly the
+//! bug this guard exists to stop.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -286,13 +285,12 @@ impl ClusterLookup for KubeLookup {
         Ok(pods.list(&params).await?.items.iter().map(PodState::from).collect())
     }
 
-    /// With a moving watch of the worker label over the namespace, the namesake is read
-    /// as a list by name (one key, like a GET, and the list tells the revision it was
-    /// served at); the labelled pods then come from the watch once it has shown every
-    /// change up to that revision, else from a label LIST. Without one, both reads at once.
+    /// With a watch of the worker label over the namespace, the namesake is read as a
+    /// list by name (one key, like a GET, and the list tells the revision it was served
+    /// at); the labelled pods then come from the watch once it has shown every change up
+    /// to that revision, else from a label LIST.
     async fn worker_pods(&self, namespace: &str, worker: &str, label: &str) -> WorkerReads {
-        let moving = self.pods.covering(namespace, label).filter(|watch| watch.is_moving());
-        let Some(watch) = moving else {
+        let Some(watch) = self.pods.covering(namespace, label) else {
             let (namesake, labelled) = futures::join!(
                 self.pod(namespace, worker),
                 self.pods_labelled(namespace, label, worker)

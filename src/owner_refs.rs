@@ -166,8 +166,12 @@ impl Reconciler {
         self.pod_cache.add(watched_pods.clone());
         let pod_events = watcher(self.api::<PodLiveness>(namespace.as_deref()), labelled.clone())
             .default_backoff()
-            // The worker label is the only label the index reads; the lookups read none.
-            .modify(move |pod| pod.keep_only_label(&worker_label))
+            // The worker label is the only label the index and the lookups read.
+            .modify(move |pod| {
+                if let Some(labels) = &mut pod.metadata.labels {
+                    labels.retain(|key, _| *key == worker_label);
+                }
+            })
             .reflect(pod_writer)
             .inspect(move |event| {
                 if let Ok(event) = event {
