@@ -12,7 +12,6 @@
 //! - [`mutation`]: the pod-CREATE patch (pure);
 //! - [`pod`]: what the guard reads of a pod, decoded into lean types;
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
-//! - [`watched_pods`]: the reconciler's watch of worker pods, indexed by worker label;
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
 //! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
 //! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
@@ -35,7 +34,6 @@ pub mod policy;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
-pub mod watched_pods;
 pub mod webhooks;
 
 #[cfg(test)]

@@ -29,7 +29,6 @@ use crate::{
     Error, Result,
     metrics::Metrics,
     pod::{PodLiveness, WorkerPod},
-    watched_pods::WatchedPods,
 };
 
 /// What the policy needs to know about a pod.
@@ -63,20 +62,6 @@ pub trait ClusterLookup: Send + Sync {
     /// Whether the namespace is being deleted, by quorum read. Only `true` is acted on.
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool>;
 
-    /// Rule 5's reads of a worker, by quorum: the pod named `worker` and the pods
-    /// labelled `label=worker`. By default both are read from the apiserver, at once.
-    async fn worker_pods(&self, namespace: &str, worker: &str, label: &str) -> WorkerReads {
-        let (namesake, labelled) = futures::join!(
-            self.pod(namespace, worker),
-            self.pods_labelled(namespace, label, worker)
-        );
-        WorkerReads {
-            namesake,
-            labelled,
-            labels_from: LabelSource::Apiserver,
-        }
-    }
-
     /// The pod of this name as a watch last saw it, if it did: a hint that may justify a
     /// denial at once (the safe side), never the absence of a pod.
     fn cached_pod(&self, _namespace: &str, _name: &str) -> Option<PodState> {
@@ -84,61 +69,31 @@ pub trait ClusterLookup: Send + Sync {
     }
 }
 
-/// Rule 5's reads of one worker.
-#[derive(Debug)]
-pub struct WorkerReads {
-    /// The pod named after the worker.
-    pub namesake: Result<Option<PodState>>,
-    /// The pods labelled with the worker (empty when the namesake is live: rule 5 is
-    /// decided without them).
-    pub labelled: Result<Vec<PodState>>,
-    /// Where the labelled pods were read.
-    pub labels_from: LabelSource,
-}
-
-/// Where rule 5's labelled pods were read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LabelSource {
-    /// A label LIST, by quorum.
-    Apiserver,
-    /// The pod watch, once it had caught up with the revision of the read by name.
-    Watch,
-    /// Not read: the namesake is live.
-    NotNeeded,
-}
-
-/// The worker-labelled pods the reconciler's watches see: one [`WatchedPods`] per watch.
+/// The worker-labelled pods the reconciler's watches see, as [`PodLiveness`].
 #[derive(Clone, Default)]
 pub struct PodCache {
-    watches: Arc<std::sync::RwLock<Vec<Arc<WatchedPods>>>>,
+    stores: Arc<std::sync::RwLock<Vec<Store<PodLiveness>>>>,
 }
 
 // === impl PodCache ===
 
 impl PodCache {
-    /// Adds one watch (one per watched namespace, or one for all).
-    pub fn add(&self, watch: Arc<WatchedPods>) {
-        self.watches
+    /// Adds the store of one watch (one per watched namespace, or one for all).
+    pub fn add(&self, store: Store<PodLiveness>) {
+        self.stores
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(watch);
+            .push(store);
     }
 
-    /// The pod as last seen, if a watch saw it.
+    /// The pod as last seen (without its labels), if a watch saw it.
     pub fn get(&self, namespace: &str, name: &str) -> Option<PodState> {
-        self.watches().iter().find_map(|watch| watch.get(namespace, name))
-    }
-
-    /// The watch that sees every pod carrying `label` in `namespace`, if there is one.
-    fn covering(&self, namespace: &str, label: &str) -> Option<Arc<WatchedPods>> {
-        self.watches()
+        let key = ObjectRef::new(name).within(namespace);
+        let stores = self.stores.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        stores
             .iter()
-            .find(|watch| watch.covers(namespace, label))
-            .cloned()
-    }
-
-    fn watches(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<WatchedPods>>> {
-        self.watches.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+            .find_map(|store| store.get(&key))
+            .map(|pod| PodState::from(&*pod))
     }
 }
 
@@ -285,57 +240,6 @@ impl ClusterLookup for KubeLookup {
         Ok(pods.list(&params).await?.items.iter().map(PodState::from).collect())
     }
 
-    /// With a watch of the worker label over the namespace, the namesake is read as a
-    /// list by name (one key, like a GET, and the list tells the revision it was served
-    /// at); the labelled pods then come from the watch once it has shown every change up
-    /// to that revision, else from a label LIST.
-    async fn worker_pods(&self, namespace: &str, worker: &str, label: &str) -> WorkerReads {
-        let Some(watch) = self.pods.covering(namespace, label) else {
-            let (namesake, labelled) = futures::join!(
-                self.pod(namespace, worker),
-                self.pods_labelled(namespace, label, worker)
-            );
-            return WorkerReads {
-                namesake,
-                labelled,
-                labels_from: LabelSource::Apiserver,
-            };
-        };
-        let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
-        let params = ListParams::default().fields(&format!("metadata.name={worker}"));
-        debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
-        let (namesake, revision) = match pods.list(&params).await {
-            Ok(list) => (
-                Ok(list.items.first().map(PodState::from)),
-                list.metadata
-                    .resource_version
-                    .and_then(|revision| revision.parse::<u64>().ok()),
-            ),
-            Err(error) => (Err(error.into()), None),
-        };
-        if matches!(&namesake, Ok(Some(pod)) if pod.is_live()) {
-            return WorkerReads {
-                namesake,
-                labelled: Ok(Vec::new()),
-                labels_from: LabelSource::NotNeeded,
-            };
-        }
-        if let Some(revision) = revision
-            && let Some(labelled) = watch.labelled_since(namespace, worker, revision).await
-        {
-            return WorkerReads {
-                namesake,
-                labelled: Ok(labelled),
-                labels_from: LabelSource::Watch,
-            };
-        }
-        WorkerReads {
-            namesake,
-            labelled: self.pods_labelled(namespace, label, worker).await,
-            labels_from: LabelSource::Apiserver,
-        }
-    }
-
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         Ok(secrets.get_metadata_opt(name).await?.map(|partial| partial.metadata))
@@ -408,14 +312,6 @@ impl ClusterLookup for Metered {
         self.measure(self.inner.pods_labelled(namespace, label, value)).await
     }
 
-    async fn worker_pods(&self, namespace: &str, worker: &str, label: &str) -> WorkerReads {
-        let timer = self.metrics.time_lookup();
-        let reads = self.inner.worker_pods(namespace, worker, label).await;
-        timer.finish(reads.namesake.is_err() || reads.labelled.is_err());
-        self.metrics.labels_read(reads.labels_from);
-        reads
-    }
-
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
         self.measure(self.inner.secret_metadata(namespace, name)).await
     }
@@ -474,17 +370,6 @@ impl ClusterLookup for Deadline<'_> {
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
         self.within(self.inner.pods_labelled(namespace, label, value)).await
-    }
-
-    async fn worker_pods(&self, namespace: &str, worker: &str, label: &str) -> WorkerReads {
-        let reads = self.inner.worker_pods(namespace, worker, label);
-        tokio::time::timeout_at(self.deadline, reads)
-            .await
-            .unwrap_or_else(|_| WorkerReads {
-                namesake: Err(Error::Timeout(self.budget)),
-                labelled: Err(Error::Timeout(self.budget)),
-                labels_from: LabelSource::Apiserver,
-            })
     }
 
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {

@@ -14,8 +14,6 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::lookup::LabelSource;
-
 /// Every metric the guard exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -24,7 +22,6 @@ pub struct Metrics {
     admission_duration: Family<EndpointLabels, Histogram, fn() -> Histogram>,
     lookup_duration: Histogram,
     lookup_errors: Counter,
-    label_reads: Family<SourceLabels, Counter>,
     certificate_reloads: Family<ResultLabels, Counter>,
     certificate_expiry: Gauge,
     reconcile_errors: Counter,
@@ -49,11 +46,6 @@ pub struct DecisionLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointLabels {
     endpoint: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SourceLabels {
-    source: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -112,12 +104,6 @@ impl Default for Metrics {
             "Quorum reads that failed or timed out",
             lookup_errors.clone(),
         );
-        let label_reads = Family::<SourceLabels, Counter>::default();
-        registry.register(
-            "worker_label_reads",
-            "How rule 5 found the pods labelled with a worker: from the pod watch once it had caught up with a quorum read (watch), by a label LIST (apiserver), or not at all because the worker's namesake pod is live (not-needed)",
-            label_reads.clone(),
-        );
         let certificate_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "certificate_reloads",
@@ -170,7 +156,6 @@ impl Default for Metrics {
             admission_duration,
             lookup_duration,
             lookup_errors,
-            label_reads,
             certificate_reloads,
             certificate_expiry,
             reconcile_errors,
@@ -210,16 +195,6 @@ impl Metrics {
             start: Instant::now(),
             failed: true,
         }
-    }
-
-    /// Counts how rule 5's labelled pods were read.
-    pub fn labels_read(&self, from: LabelSource) {
-        let source = match from {
-            LabelSource::Apiserver => "apiserver",
-            LabelSource::Watch => "watch",
-            LabelSource::NotNeeded => "not-needed",
-        };
-        self.label_reads.get_or_create(&SourceLabels { source }).inc();
     }
 
     /// Counts a certificate reload attempt.

@@ -50,7 +50,6 @@ use crate::{
     lookup::{PodCache, PodState},
     metrics::Metrics,
     pod::{PodLiveness, WorkerPod},
-    watched_pods::WatchedPods,
 };
 
 /// How many pods are reconciled at once.
@@ -158,26 +157,13 @@ impl Reconciler {
     async fn run_scope(self: Arc<Self>, namespace: Option<String>, shutdown: CancellationToken) {
         let labelled = watcher::Config::default().labels(&self.policy.worker_label);
 
-        // Metadata and phase (a metadata-only watch has no phase): the same store, indexed
-        // by worker label, is the lookups' cache of live pods.
+        // Metadata and phase (a metadata-only watch has no phase): the same store is the
+        // lookups' cache of live pods.
         let (pods, pod_writer) = reflector::store();
-        let worker_label = self.policy.worker_label.clone();
-        let watched_pods = Arc::new(WatchedPods::new(pods.clone(), namespace.clone(), &worker_label));
-        self.pod_cache.add(watched_pods.clone());
+        self.pod_cache.add(pods.clone());
         let pod_events = watcher(self.api::<PodLiveness>(namespace.as_deref()), labelled.clone())
             .default_backoff()
-            // The worker label is the only label the index and the lookups read.
-            .modify(move |pod| {
-                if let Some(labels) = &mut pod.metadata.labels {
-                    labels.retain(|key, _| *key == worker_label);
-                }
-            })
             .reflect(pod_writer)
-            .inspect(move |event| {
-                if let Ok(event) = event {
-                    watched_pods.observe(event);
-                }
-            })
             .applied_objects()
             // Once per pod UID: status updates change nothing adoption depends on.
             .predicate_filter(uid, Default::default());

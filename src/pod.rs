@@ -18,13 +18,12 @@ use k8s_openapi::{
 };
 use serde::{Deserialize, Serialize, de::IgnoredAny};
 
-/// A pod as the watches decode it: the metadata liveness and adoption need, its labels
-/// (the watch keeps only the worker label: the others cost megabytes with 10,000 pods),
-/// and the phase. Decoding whole pods and dropping their specs doubled the guard's
-/// memory (allocator fragmentation).
+/// A pod as the watches decode it: the metadata liveness and adoption need, and the
+/// phase. With 10,000 pods, decoding whole pods and dropping their specs doubled the
+/// guard's memory (allocator fragmentation); their labels cost megabytes more.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct PodLiveness {
-    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
+    /// Name, namespace, uid, resourceVersion, creation and deletion timestamps.
     #[serde(deserialize_with = "liveness_metadata")]
     pub metadata: ObjectMeta,
     /// Its phase only.
@@ -230,11 +229,11 @@ impl SecretReferences {
     }
 }
 
-/// The fields of a pod's metadata the guard keeps; `L` and `A` are how the labels and the
-/// annotations are read: kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
+/// The fields of a pod's metadata the guard keeps; `M` is how the labels and annotations
+/// are read: kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct KeptMetadata<L, A> {
+struct KeptMetadata<M> {
     name: Option<String>,
     namespace: Option<String>,
     uid: Option<String>,
@@ -242,15 +241,15 @@ struct KeptMetadata<L, A> {
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
     #[serde(default)]
-    labels: L,
+    labels: M,
     #[serde(default)]
-    annotations: A,
+    annotations: M,
 }
 
 /// Labels or annotations, kept.
 type Maps = Option<BTreeMap<String, String>>;
 
-impl<L, A> KeptMetadata<L, A> {
+impl<M> KeptMetadata<M> {
     fn into_meta(self, labels: Maps, annotations: Maps) -> ObjectMeta {
         ObjectMeta {
             name: self.name,
@@ -287,13 +286,11 @@ fn expect_pod<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D
 }
 
 fn liveness_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let mut kept = KeptMetadata::<Maps, IgnoredAny>::deserialize(deserializer)?;
-    let labels = kept.labels.take();
-    Ok(kept.into_meta(labels, None))
+    Ok(KeptMetadata::<IgnoredAny>::deserialize(deserializer)?.into_meta(None, None))
 }
 
 fn worker_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let mut kept = KeptMetadata::<Maps, Maps>::deserialize(deserializer)?;
+    let mut kept = KeptMetadata::<Maps>::deserialize(deserializer)?;
     let (labels, annotations) = (kept.labels.take(), kept.annotations.take());
     Ok(kept.into_meta(labels, annotations))
 }
@@ -345,11 +342,7 @@ mod tests {
 
         let state = PodState::from(&pod);
         assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
-        assert_eq!(
-            state.labels.get("CDS_WORKER_NAME").map(String::as_str),
-            Some("w1"),
-            "the watch's index reads the worker label"
-        );
+        assert!(state.labels.is_empty(), "labels are for the quorum reads");
         assert_eq!(state.phase.as_deref(), Some("Succeeded"));
         assert_eq!(
             pod.metadata.resource_version.as_deref(),

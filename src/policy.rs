@@ -27,7 +27,7 @@ use k8s_openapi::{
 
 use crate::{
     config::PolicyConfig,
-    lookup::{ClusterLookup, LabelSource, PodState, WorkerReads},
+    lookup::{ClusterLookup, PodState},
 };
 
 /// A DELETE of a secret, as the policy sees it.
@@ -175,25 +175,15 @@ async fn rules(
         return verdict;
     }
 
-    let mut names: Vec<&str> = owners
-        .iter()
-        .map(|owner| owner.name.as_str())
-        .filter(|&owner| owner != worker)
-        .collect();
+    let mut names: Vec<&str> = owners.iter().map(|owner| owner.name.as_str()).collect();
+    names.push(&worker);
     names.sort_unstable();
     names.dedup();
-    let (named, worker_reads) = futures::join!(
+    let (named, labelled) = futures::join!(
         read_named(lookup, namespace, &names),
-        read_worker(lookup, config, namespace, &worker)
+        read_labelled(lookup, config, namespace, &worker)
     );
-    let WorkerReads { namesake, labelled, .. } = worker_reads;
-    let read = |pod: &str| {
-        if pod == worker {
-            Some(&namesake)
-        } else {
-            named.iter().find(|(n, _)| n == pod).map(|(_, read)| read)
-        }
-    };
+    let read = |pod: &str| named.iter().find(|(n, _)| n == pod).map(|(_, read)| read);
 
     // Rule 3: every owner is gone, or replaced by a new pod under its name.
     let owner_gone = !owners.is_empty()
@@ -220,8 +210,7 @@ async fn rules(
     }
 
     // Rule 6, for the reads by name.
-    let by_name = named.iter().map(|(_, read)| read).chain([&namesake]);
-    if let Some(error) = by_name.into_iter().find_map(|read| read.as_ref().err()) {
+    if let Some(error) = named.iter().find_map(|(_, read)| read.as_ref().err()) {
         return lookup_failed(name, worker, age, error);
     }
 
@@ -289,26 +278,18 @@ async fn read_named(
     .await
 }
 
-/// The worker's namesake and labelled pods, by quorum read. A name no pod can have is
-/// on no pod, and a value that cannot be a label value labels no pod (asking would get a
-/// 400): neither is asked for.
-async fn read_worker(lookup: &dyn ClusterLookup, config: &PolicyConfig, namespace: &str, worker: &str) -> WorkerReads {
-    let label = &config.worker_label;
-    match (is_object_name(worker), is_label_value(worker)) {
-        (true, true) => lookup.worker_pods(namespace, worker, label).await,
-        (named, labelled) => WorkerReads {
-            namesake: if named {
-                lookup.pod(namespace, worker).await
-            } else {
-                Ok(None)
-            },
-            labelled: if labelled {
-                lookup.pods_labelled(namespace, label, worker).await
-            } else {
-                Ok(Vec::new())
-            },
-            labels_from: LabelSource::Apiserver,
-        },
+/// The pods carrying the worker label, by quorum read. A value that cannot be a label
+/// value is on no pod (and asking would get a 400).
+async fn read_labelled(
+    lookup: &dyn ClusterLookup,
+    config: &PolicyConfig,
+    namespace: &str,
+    worker: &str,
+) -> crate::Result<Vec<PodState>> {
+    if is_label_value(worker) {
+        lookup.pods_labelled(namespace, &config.worker_label, worker).await
+    } else {
+        Ok(Vec::new())
     }
 }
 
@@ -348,10 +329,15 @@ impl WorkerPods {
         namespace: &str,
         worker: &str,
     ) -> crate::Result<Self> {
-        let reads = read_worker(lookup, config, namespace, worker).await;
+        let names = [worker];
+        let (mut named, labelled) = futures::join!(
+            read_named(lookup, namespace, &names),
+            read_labelled(lookup, config, namespace, worker)
+        );
+        let namesake = named.pop().map_or(Ok(None), |(_, pod)| pod)?;
         Ok(Self {
-            namesake: reads.namesake?,
-            labelled: reads.labelled?,
+            namesake,
+            labelled: labelled?,
         })
     }
 

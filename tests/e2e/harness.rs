@@ -251,21 +251,6 @@ impl Guard {
         guard
     }
 
-    /// The value of one series of the guard's `/metrics`, e.g.
-    /// `cds_secret_guard_worker_label_reads_total{source="watch"}` (0 when absent).
-    #[allow(dead_code)] // not every test binary reads metrics
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = reqwest::get(format!("http://{}/metrics", self.probes))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
-    }
-
     /// The guard's log (JSON lines).
     pub fn log_path(&self) -> PathBuf {
         self.dir.join("guard.log")
