@@ -5,9 +5,8 @@
 //!    (client certificate from `target/controlplane/pki/`), with and without the guard
 //!    registered, alternately, on each of its paths: deny by age (a young secret), deny by
 //!    live pod (an old secret whose worker's pod exists), allow orphan (an old secret, no
-//!    pod), and allow orphan again while a worker pod changes every 5 ms (the guard's pod
-//!    watch then answers the label half); each in a namespace with 10 pods and in one
-//!    with 10,000.
+//!    pod), and allow orphan again while a worker pod changes every 5 ms; each in a
+//!    namespace with 10 pods and in one with 10,000.
 //! 2. **Memory**: the guard's VmRSS with 10 worker pods, then with 10,000.
 //! 3. **Reconciler load**: workers spawned as the hatchery does (secret, pod, status
 //!    updates as a kubelet would make them, pod delete, the garbage collector deletes the
@@ -259,7 +258,7 @@ struct Path4 {
     /// HTTP status with the guard registered.
     guarded: u16,
     /// Whether a worker pod in the namespace changes every [`CHURN_EVERY`] meanwhile, as
-    /// worker pods do where the hatchery is busy: the guard's pod watch then moves.
+    /// worker pods do where the hatchery is busy.
     churn: bool,
 }
 
@@ -938,8 +937,7 @@ async fn main() {
         "Each path's secret is protected; the live pod is named after its worker (one more pod in each namespace, \
          and the `churn` pod). Deny by age runs a guard with the default grace period (10m), the others one with 1s. \
          \"Worker pods changing\": the `churn` pod of each namespace is patched every 5 ms during the measurements, \
-         with and without the guard alike; the guard's pod watch moves, and it answers rule 5's label half once \
-         it has caught up with the read by name instead of a label LIST.",
+         with and without the guard alike: the label LIST under a moving pod watch cache.",
     );
     latency.print();
     scaling.print();
