@@ -35,8 +35,8 @@ use bench_support::{
 };
 use clap::Parser;
 use e2e::{
-    Guard, GuardOptions, TestNamespace, client, control_plane, guard_kubeconfig, kubectl, service_account_kubeconfig,
-    unregister_webhooks,
+    Guard, GuardOptions, TestNamespace, audit_log_files, client, control_plane, guard_kubeconfig, kubectl,
+    service_account_kubeconfig, unregister_webhooks,
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::{
@@ -593,14 +593,11 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
 /// cost of a spawned worker.
 fn guard_requests(namespace: &str, from: Timestamp, to: Timestamp) -> BTreeMap<String, BTreeMap<String, usize>> {
     let (from, to) = (format!("{from:.6}"), format!("{to:.6}"));
-    // The log and its rotated backup (200 MB each): a run can fill more than one.
-    let logs = repo().join("target/controlplane/logs");
-    let mut text = String::new();
-    for entry in std::fs::read_dir(logs).unwrap().filter_map(Result::ok) {
-        if entry.file_name().to_string_lossy().starts_with("kube-apiserver.audit") {
-            text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
-        }
-    }
+    // Not `apiserver_audit()`: it keeps every event of the run, and a run logs 400 MB.
+    let text: String = audit_log_files()
+        .iter()
+        .filter_map(|file| std::fs::read_to_string(file).ok())
+        .collect();
     let mut seen = BTreeSet::new();
     let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     for event in text.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()) {

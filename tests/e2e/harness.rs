@@ -102,20 +102,34 @@ pub fn service_account_kubeconfig(namespace: &str, name: &str) -> PathBuf {
 /// for what, and the answer), one JSON event per entry.
 pub fn apiserver_audit() -> Vec<Value> {
     let since = started().to_string();
-    let logs = repo().join("target/controlplane/logs");
-    let text = [
-        "kube-apiserver.audit.log",
-        "kube-apiserver-a.audit.log",
-        "kube-apiserver-b.audit.log",
-    ]
-    .iter()
-    .filter_map(|file| fs::read_to_string(logs.join(file)).ok())
-    .collect::<String>();
+    let text = audit_log_files()
+        .iter()
+        .filter_map(|file| fs::read_to_string(file).ok())
+        .collect::<String>();
     text.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         // RFC 3339 timestamps in UTC compare as strings.
         .filter(|event| event["requestReceivedTimestamp"].as_str() >= Some(since.as_str()))
         .collect()
+}
+
+/// The audit logs of every apiserver (one, or `-a` and `-b`), each with its rotated
+/// backup first (200 MB a file: a benchmark fills more than one), in that order.
+pub fn audit_log_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(repo().join("target/controlplane/logs"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name().and_then(|name| name.to_str()).is_some_and(|name| {
+                name.starts_with("kube-apiserver") && name.contains(".audit") && name.ends_with(".log")
+            })
+        })
+        .collect();
+    // "….audit-<time>.log" sorts before "….audit.log": each backup before its current file.
+    files.sort();
+    files
 }
 
 /// When this test binary first asked for the control plane.
