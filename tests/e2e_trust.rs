@@ -251,10 +251,23 @@ async fn a_delete_in_a_terminating_namespace_is_allowed() {
 
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ns.client.clone());
     namespaces.delete(&ns.name, &DeleteParams::default()).await.unwrap();
-    // Anyone's delete is now allowed, whatever rules 4 and 5 would say.
-    ns.delete_secret("cds-worker-config-w-term", &dry_run)
-        .await
-        .expect("allowed in a terminating namespace");
+    // Anyone's delete is now allowed, whatever rules 4 and 5 would say: once the guard's
+    // namespace watch shows the deletion. Until then its cache shows the namespace alive
+    // and the denial stands (the safe side; the namespace controller retries).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ns.delete_secret("cds-worker-config-w-term", &dry_run).await {
+            Ok(_) => break,
+            Err(status) => {
+                assert_eq!(status.code, 403, "{status:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "still denied 10 s after the namespace was deleted: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
     let allowed = guard.audit_line(&ns.name, "cds-worker-config-w-term", "allow").await;
     assert_eq!(allowed["reason"], "namespace-terminating", "{allowed}");
     assert_eq!(allowed["user"], "admin");
