@@ -31,6 +31,14 @@ use crate::{
     pod::{PodLiveness, WorkerPod},
 };
 
+/// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
+/// a LIST by the memory it may load: without a limit, a LIST of pods in a cluster with
+/// thousands of them costs 10 seats however few it returns, and under load the guard's
+/// own LISTs, waiting for the watch cache, filled its priority level and starved its
+/// GETs and PATCHes (BENCHMARKS.md). A page of 10 pods costs one seat; a worker has one
+/// pod, rarely more.
+const LABEL_PAGE: u32 = 10;
+
 /// What the policy needs to know about a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodState {
@@ -235,9 +243,21 @@ impl ClusterLookup for KubeLookup {
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
         let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
         // The default ListParams carry no resourceVersion: "most recent", a quorum read.
-        let params = ListParams::default().labels(&format!("{label}={value}"));
-        debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
-        Ok(pods.list(&params).await?.items.iter().map(PodState::from).collect())
+        // The next pages continue that same read (the token pins its resourceVersion).
+        let first = ListParams::default()
+            .labels(&format!("{label}={value}"))
+            .limit(LABEL_PAGE);
+        debug_assert!(first.resource_version.is_none(), "a pod list must be a quorum read");
+        let mut params = first.clone();
+        let mut found = Vec::new();
+        loop {
+            let page = pods.list(&params).await?;
+            found.extend(page.items.iter().map(PodState::from));
+            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params = first.clone().continue_token(&token),
+                None => return Ok(found),
+            }
+        }
     }
 
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {

@@ -123,6 +123,49 @@ async fn orphan_and_unprotected_secrets_are_deleted() {
     assert_eq!(audit["reason"], "orphan");
 }
 
+/// The label LIST asks for small pages (one APF seat each): a live pod of the worker on a
+/// later page must still be found.
+#[tokio::test]
+async fn a_labelled_live_pod_past_the_first_page_keeps_its_secret() {
+    let _guard = shared_guard();
+    let ns = TestNamespace::new("paged").await;
+    ns.worker_secret("w-paged").await;
+    let labelled = |name: &str| {
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(serde_json::json!({
+            "metadata": {"name": name, "labels": {"CDS_WORKER_NAME": "w-paged"}},
+            "spec": {"containers": [{"name": "worker", "image": "ovhcom/cds-worker:latest"}]},
+        }))
+        .unwrap()
+    };
+    // Finished pods first (the apiserver lists by name): a page's worth and more.
+    let finished = serde_json::json!({"status": {"phase": "Succeeded"}});
+    for i in 0..12 {
+        let name = format!("a-done-{i:02}");
+        ns.pods().create(&Default::default(), &labelled(&name)).await.unwrap();
+        ns.pods()
+            .patch_status(&name, &Default::default(), &kube::api::Patch::Merge(&finished))
+            .await
+            .unwrap();
+    }
+    let live = ns
+        .pods()
+        .create(&Default::default(), &labelled("z-live"))
+        .await
+        .unwrap();
+    past_grace_period().await;
+
+    let refused = ns
+        .delete_secret("cds-worker-config-w-paged", &DeleteParams::default())
+        .await
+        .unwrap_err();
+
+    let uid = live.metadata.uid.unwrap();
+    denied_by_guard(
+        &refused,
+        &format!("pod z-live (uid {uid}, Pending) still uses secret cds-worker-config-w-paged"),
+    );
+}
+
 #[tokio::test]
 async fn delete_collection_keeps_young_worker_secrets() {
     let guard = shared_guard();
