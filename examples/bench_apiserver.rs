@@ -469,6 +469,68 @@ struct Spawned {
     secrets_left: usize,
     /// Requests of the guard's user: per credential, per "verb resource".
     requests: BTreeMap<String, BTreeMap<String, usize>>,
+    /// What the apiserver's priority and fairness did with the guard's requests.
+    flow: FlowStats,
+}
+
+/// The apiserver's priority-and-fairness figures for the guard's requests (its service
+/// account's flow schema), from `/metrics`: cumulative, so a run takes a difference.
+#[derive(Debug, Default, Clone, Copy)]
+struct FlowStats {
+    /// Requests admitted to run.
+    requests: f64,
+    /// Of those, estimated at more than one seat.
+    wide: f64,
+    /// Of those, queued for more than 0.1 s and more than 1 s before running.
+    waited_100ms: f64,
+    waited_1s: f64,
+    /// Seconds spent queued, in all.
+    wait_seconds: f64,
+    /// Requests rejected (queue full or queued too long: a 429 for the guard).
+    rejected: f64,
+}
+
+/// The flow schema that matches the guard's service account (Kubernetes' default set).
+const GUARD_FLOW: &str = "flow_schema=\"service-accounts\"";
+
+impl FlowStats {
+    async fn read(admin: &Client) -> Self {
+        let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+        let text = admin.request_text(request).await.unwrap();
+        // The sum of a metric's samples in the guard's flow whose labels include all of `with`.
+        let sum = |name: &str, with: &[&str]| -> f64 {
+            text.lines()
+                .filter_map(|line| line.strip_prefix(name)?.strip_prefix('{'))
+                .filter(|line| line.contains(GUARD_FLOW) && with.iter().all(|label| line.contains(label)))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let (wait, seats, ran) = (
+            "apiserver_flowcontrol_request_wait_duration_seconds",
+            "apiserver_flowcontrol_work_estimated_seats",
+            "execute=\"true\"",
+        );
+        let admitted = sum(&format!("{wait}_count"), &[ran]);
+        Self {
+            requests: admitted,
+            wide: sum(&format!("{seats}_count"), &[]) - sum(&format!("{seats}_bucket"), &["le=\"1\""]),
+            waited_100ms: admitted - sum(&format!("{wait}_bucket"), &[ran, "le=\"0.1\""]),
+            waited_1s: admitted - sum(&format!("{wait}_bucket"), &[ran, "le=\"1\""]),
+            wait_seconds: sum(&format!("{wait}_sum"), &[ran]),
+            rejected: sum("apiserver_flowcontrol_rejected_requests_total", &[]),
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            requests: self.requests - before.requests,
+            wide: self.wide - before.wide,
+            waited_100ms: self.waited_100ms - before.waited_100ms,
+            waited_1s: self.waited_1s - before.waited_1s,
+            wait_seconds: self.wait_seconds - before.wait_seconds,
+            rejected: self.rejected - before.rejected,
+        }
+    }
 }
 
 async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned {
@@ -498,6 +560,7 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
 
+    let flow_before = FlowStats::read(admin).await;
     let start_ts = Timestamp::now();
     let start = Instant::now();
     let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -564,6 +627,7 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
     // Let the guards finish what the last deletions started.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let end_ts = Timestamp::now();
+    let flow = FlowStats::read(admin).await.since(flow_before);
     watch.abort();
 
     let created = created.lock().unwrap().clone();
@@ -583,6 +647,7 @@ async fn spawn_workers(args: &Args, admin: &Client, namespace: &str) -> Spawned 
         latencies_ms,
         secrets_left,
         requests: guard_requests(namespace, start_ts, end_ts),
+        flow,
     }
 }
 
@@ -726,6 +791,18 @@ fn reconciler_tables(args: &Args, runs: &[ReconcilerRun]) {
             "secrets left after GC",
         ],
     );
+    let mut fairness = Table::new(
+        "Priority and fairness: the guard's requests in the apiserver's queues while workers were spawned (apiserver /metrics)",
+        &[
+            "replicas",
+            "requests",
+            "estimated > 1 seat",
+            "queued > 0.1 s",
+            "queued > 1 s",
+            "mean queued ms",
+            "rejected (429)",
+        ],
+    );
     let mut single_per_worker = f64::NAN;
     let mut single_p50 = f64::NAN;
     for ReconcilerRun {
@@ -788,6 +865,16 @@ fn reconciler_tables(args: &Args, runs: &[ReconcilerRun]) {
             spawned.not_adopted.to_string(),
             spawned.secrets_left.to_string(),
         ]);
+        let flow = spawned.flow;
+        fairness.row(vec![
+            replicas.to_string(),
+            format!("{:.0}", flow.requests),
+            format!("{:.0}", flow.wide),
+            format!("{:.0}", flow.waited_100ms),
+            format!("{:.0}", flow.waited_1s),
+            f2(flow.wait_seconds * 1000.0 / flow.requests.max(1.0)),
+            format!("{:.0}", flow.rejected),
+        ]);
     }
     load.note(
         "Counted: every request of system:serviceaccount:cds-secret-guard:cds-secret-guard on an object of \
@@ -796,8 +883,14 @@ fn reconciler_tables(args: &Args, runs: &[ReconcilerRun]) {
          present, are not a spawned worker's cost: spawning starts once each guard's CPU has settled after \
          that start-up reconcile). Replica 1 is the registered one: its lines include the webhooks' lookups.",
     );
+    fairness.note(
+        "All replicas together (flow schema service-accounts, priority level workload-low), cluster-wide. \
+         A LIST is charged by the memory it may load: a LIST of pods without a limit, with thousands of pods \
+         stored, costs up to 10 seats, held while it waits for the watch cache to catch up.",
+    );
     load.print();
     latency.print();
+    fairness.print();
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
