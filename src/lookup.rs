@@ -244,17 +244,16 @@ impl ClusterLookup for KubeLookup {
         let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
         // The default ListParams carry no resourceVersion: "most recent", a quorum read.
         // The next pages continue that same read (the token pins its resourceVersion).
-        let first = ListParams::default()
+        let mut params = ListParams::default()
             .labels(&format!("{label}={value}"))
             .limit(LABEL_PAGE);
-        debug_assert!(first.resource_version.is_none(), "a pod list must be a quorum read");
-        let mut params = first.clone();
+        debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
         let mut found = Vec::new();
         loop {
             let page = pods.list(&params).await?;
             found.extend(page.items.iter().map(PodState::from));
             match page.metadata.continue_.filter(|token| !token.is_empty()) {
-                Some(token) => params = first.clone().continue_token(&token),
+                Some(token) => params.continue_token = Some(token),
                 None => return Ok(found),
             }
         }

@@ -19,24 +19,9 @@ use kube::{
     Api,
     api::{DeleteParams, PostParams},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(10);
-
-fn pod(name: &str, labels: Value, annotations: Value, secrets: &[&str]) -> Pod {
-    let env: Vec<Value> = secrets
-        .iter()
-        .enumerate()
-        .map(|(i, secret)| {
-            json!({"name": format!("S{i}"), "valueFrom": {"secretKeyRef": {"name": secret, "key": "k", "optional": true}}})
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": labels, "annotations": annotations},
-        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox", "env": env}]},
-    }))
-    .unwrap()
-}
 
 /// A worker that goes through its whole life (secret, pod, adoption, pod deleted, secret
 /// collected): once its secret is gone, the reconciler and the garbage collector have

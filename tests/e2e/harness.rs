@@ -478,6 +478,23 @@ pub fn unregister_webhooks() -> bool {
     status.is_ok_and(|s| s.success())
 }
 
+/// A pod (not created) with these labels and annotations, reading each of `secrets`
+/// (optional references: the secrets need not exist).
+pub fn pod(name: &str, labels: Value, annotations: Value, secrets: &[&str]) -> Pod {
+    let env: Vec<Value> = secrets
+        .iter()
+        .enumerate()
+        .map(|(i, secret)| {
+            json!({"name": format!("S{i}"), "valueFrom": {"secretKeyRef": {"name": secret, "key": "k", "optional": true}}})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox", "env": env}]},
+    }))
+    .unwrap()
+}
+
 /// A namespace for one test, deleted (by the namespace controller) when dropped.
 pub struct TestNamespace {
     pub name: String,

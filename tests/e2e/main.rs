@@ -131,11 +131,12 @@ async fn a_labelled_live_pod_past_the_first_page_keeps_its_secret() {
     let ns = TestNamespace::new("paged").await;
     ns.worker_secret("w-paged").await;
     let labelled = |name: &str| {
-        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(serde_json::json!({
-            "metadata": {"name": name, "labels": {"CDS_WORKER_NAME": "w-paged"}},
-            "spec": {"containers": [{"name": "worker", "image": "ovhcom/cds-worker:latest"}]},
-        }))
-        .unwrap()
+        pod(
+            name,
+            serde_json::json!({"CDS_WORKER_NAME": "w-paged"}),
+            serde_json::json!({}),
+            &[],
+        )
     };
     // Finished pods first (the apiserver lists by name): a page's worth and more.
     let finished = serde_json::json!({"status": {"phase": "Succeeded"}});
