@@ -6,7 +6,9 @@
 //!    registered, alternately, on each of its paths: deny by age (a young secret), deny by
 //!    live pod (an old secret whose worker's pod exists), allow orphan (an old secret, no
 //!    pod), and allow orphan again while a worker pod changes every 5 ms; each in a
-//!    namespace with 10 pods and in one with 10,000.
+//!    namespace with 10 pods and in one with 10,000. Latency, and the CPU the apiserver,
+//!    etcd and the webhook spend per delete; with `--apiserver-profiles`, the apiserver's
+//!    own CPU profile (Go's pprof) of each path's first guarded run.
 //! 2. **Memory**: the guard's VmRSS with 10 worker pods, then with 10,000.
 //! 3. **Reconciler load**: workers spawned as the hatchery does (secret, pod, status
 //!    updates as a kubelet would make them, pod delete, the garbage collector deletes the
@@ -82,6 +84,11 @@ struct Args {
     /// Only the reconciler runs (beside the --pods worker pods), not the delete paths.
     #[arg(long)]
     reconciler_only: bool,
+    /// Writes a CPU profile of the apiserver (Go's pprof, `/debug/pprof/profile`) taken
+    /// during the first guarded run of each path and namespace into this directory; read
+    /// them with `go tool pprof -top`.
+    #[arg(long)]
+    apiserver_profiles: Option<PathBuf>,
 }
 
 fn repo() -> &'static Path {
@@ -178,6 +185,7 @@ struct Registrations<'a> {
     guard: &'a Guard,
     /// The floor's validating webhook: the guard's, pointed at the floor's port.
     floor_yaml: PathBuf,
+    floor_pid: u32,
     probe: &'a Api<Secret>,
     probe_secret: &'a str,
 }
@@ -197,6 +205,7 @@ impl<'a> Registrations<'a> {
         Self {
             guard,
             floor_yaml,
+            floor_pid: floor.pid(),
             probe,
             probe_secret,
         }
@@ -323,8 +332,52 @@ impl Drop for Churn {
     }
 }
 
-/// `results[webhook][namespace]`: one `Measured` per round.
-type PathResults = [[Vec<Measured>; 2]; 3];
+/// One load run: what the client measured and the CPU the servers spent on it.
+struct Run {
+    load: Measured,
+    /// CPU of the apiserver and etcd per request beyond their idle rate, in µs.
+    control_plane_us: f64,
+    /// CPU of the webhook server (the guard or the floor) per request, in µs.
+    webhook_us: f64,
+}
+
+/// `results[webhook][namespace]`: one `Run` per round.
+type PathResults = [[Vec<Run>; 2]; 3];
+
+/// The pids of the control plane's apiserver and etcd (single mode, as `make bench` starts
+/// it), from `cluster.sh`'s pid files.
+fn control_plane_pids() -> Vec<u32> {
+    ["kube-apiserver", "etcd"]
+        .iter()
+        .map(|name| {
+            let file = repo().join("target/controlplane/run").join(format!("{name}.pid"));
+            let pid = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            pid.trim().parse().expect("a pid file holds a pid")
+        })
+        .collect()
+}
+
+/// CPU time of several processes together.
+fn cpu_of(pids: &[u32]) -> Duration {
+    pids.iter().map(|&pid| cpu_time(pid)).sum()
+}
+
+/// Fetches a CPU profile of the apiserver over `seconds` (Go's pprof, which the
+/// apiserver serves to admins with `--profiling`, its default) into `file`.
+fn profile_apiserver(seconds: u64, file: PathBuf) {
+    let output = kubectl()
+        .args(["get", "--raw"])
+        .arg(format!("/debug/pprof/profile?seconds={seconds}"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "apiserver profile: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::write(&file, output.stdout).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    eprintln!("bench_apiserver: apiserver profile in {}", file.display());
+}
 
 async fn measure_path(
     args: &Args,
@@ -348,6 +401,12 @@ async fn measure_path(
         client_cert: Some((pki("admin.crt"), pki("admin.key"))),
         cacert: Some(pki("ca.crt")),
     };
+    // What the control plane spends meanwhile without deletes (leases, watches, the churn):
+    // subtracted from each run, so that a slower run is not charged more of it per delete.
+    let pids = control_plane_pids();
+    let before = cpu_of(&pids);
+    tokio::time::sleep(args.duration).await;
+    let idle = cpu_of(&pids).saturating_sub(before).as_secs_f64() / args.duration.as_secs_f64();
     let mut results: PathResults = Default::default();
     // The floor denies: it stands in for the guard on its deny paths only.
     let webhooks = if path.guarded == 403 {
@@ -364,14 +423,45 @@ async fn measure_path(
                     Webhook::Guard => path.guarded,
                     Webhook::Floor => 403,
                 };
+                let profile = match (&args.apiserver_profiles, webhook) {
+                    (Some(dir), Webhook::Guard) if round == 0 => {
+                        let churn = if path.churn { "-churn" } else { "" };
+                        let file = dir.join(format!("{}{churn}-{namespace}.pprof", path.worker));
+                        let seconds = args.duration.as_secs().max(1);
+                        Some(std::thread::spawn(move || profile_apiserver(seconds, file)))
+                    }
+                    _ => None,
+                };
+                let webhook_pid = match webhook {
+                    Webhook::None => None,
+                    Webhook::Guard => registrations.guard.pid(),
+                    Webhook::Floor => Some(registrations.floor_pid),
+                };
+                let webhook_before = webhook_pid.map(cpu_time).unwrap_or_default();
+                let (before, started) = (cpu_of(&pids), Instant::now());
                 let measured = tokio::task::block_in_place(|| load(namespace).run(expect));
+                let control_plane = cpu_of(&pids)
+                    .saturating_sub(before)
+                    .saturating_sub(started.elapsed().mul_f64(idle));
+                let webhook_cpu = webhook_pid
+                    .map(cpu_time)
+                    .unwrap_or_default()
+                    .saturating_sub(webhook_before);
+                if let Some(profile) = profile {
+                    profile.join().expect("apiserver profile");
+                }
                 assert!(
                     measured.unexpected.is_empty(),
                     "{} in {namespace}, {webhook:?}: unexpected answers {:?}",
                     path.name,
                     measured.unexpected
                 );
-                results[webhook as usize][i].push(measured);
+                let per_request = |cpu: Duration| cpu.as_secs_f64() * 1e6 / measured.requests.max(1.0);
+                results[webhook as usize][i].push(Run {
+                    control_plane_us: per_request(control_plane),
+                    webhook_us: per_request(webhook_cpu),
+                    load: measured,
+                });
             }
         }
         eprintln!(
@@ -389,10 +479,13 @@ fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, tables: &mut
         latency,
         scaling,
         floor,
+        cpu,
     } = tables;
-    let p50 = |r: &[Measured]| r.iter().map(|m| m.p50_ms).collect::<Vec<_>>();
-    let p99 = |r: &[Measured]| r.iter().map(|m| m.p99_ms).collect::<Vec<_>>();
-    let rate = |r: &[Measured]| r.iter().map(|m| m.rps).collect::<Vec<_>>();
+    let p50 = |r: &[Run]| r.iter().map(|m| m.load.p50_ms).collect::<Vec<_>>();
+    let p99 = |r: &[Run]| r.iter().map(|m| m.load.p99_ms).collect::<Vec<_>>();
+    let rate = |r: &[Run]| r.iter().map(|m| m.load.rps).collect::<Vec<_>>();
+    let control_plane = |r: &[Run]| r.iter().map(|m| m.control_plane_us).collect::<Vec<_>>();
+    let all_servers = |r: &[Run]| r.iter().map(|m| m.control_plane_us + m.webhook_us).collect::<Vec<_>>();
     for (i, count) in pods.iter().enumerate() {
         let (on, off) = (
             &results[Webhook::Guard as usize][i],
@@ -409,6 +502,26 @@ fn path_rows(path: &Path4, pods: [usize; 2], results: &PathResults, tables: &mut
             format!("{} / {}", rps(median(&rate(off))), rps(median(&rate(on)))),
             goal(ratio, ratio <= 1.5, "≤ 1.5"),
             f2(median_ratio(&p99(on), &p99(off))),
+        ]);
+        let floored = &results[Webhook::Floor as usize][i];
+        let webhook = |r: &[Run]| r.iter().map(|m| m.webhook_us).collect::<Vec<_>>();
+        let or_dash = |r: &[Run], figure: &dyn Fn(&[Run]) -> Vec<f64>| {
+            if r.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.0}", median(&figure(r)))
+            }
+        };
+        cpu.row(vec![
+            path.name.into(),
+            count.to_string(),
+            format!("{:.0}", median(&control_plane(off))),
+            or_dash(floored, &control_plane),
+            format!("{:.0}", median(&control_plane(on))),
+            or_dash(floored, &webhook),
+            format!("{:.0}", median(&webhook(on))),
+            f2(median_ratio(&all_servers(on), &control_plane(off))),
+            f2(ratio),
         ]);
     }
     for (webhook, who) in [(Webhook::Guard, "guard"), (Webhook::None, "no webhook")] {
@@ -445,6 +558,7 @@ struct PathTables {
     latency: Table,
     scaling: Table,
     floor: Table,
+    cpu: Table,
 }
 
 // === reconciler load ===
@@ -991,10 +1105,28 @@ async fn main() {
             "p50 guard / floor",
         ],
     );
+    let cpu = Table::new(
+        "Apiserver path: CPU per delete (same rounds; /proc times of the apiserver and etcd over each run less their idle rate measured before the path, and of the webhook's server, divided by the run's requests)",
+        &[
+            "path",
+            "pods in namespace",
+            "µs apiserver + etcd: no webhook",
+            "floor",
+            "guard",
+            "µs webhook server: floor",
+            "guard",
+            "CPU with the guard (all) / no webhook",
+            "p50 guard / no webhook",
+        ],
+    );
+    if let Some(dir) = &args.apiserver_profiles {
+        std::fs::create_dir_all(dir).unwrap();
+    }
     let mut tables = PathTables {
         latency,
         scaling,
         floor,
+        cpu,
     };
     // The floor serves the guard's certificate: the apiserver trusts it with the same CA.
     let floor_of = |guard: &Guard| start_ceiling(&guard.webhooks_yaml().with_file_name("certs"), true);
@@ -1020,6 +1152,7 @@ async fn main() {
         mut latency,
         scaling,
         floor,
+        mut cpu,
     } = tables;
     latency.note(
         "Each path's secret is protected; the live pod is named after its worker (one more pod in each namespace, \
@@ -1030,6 +1163,11 @@ async fn main() {
     latency.print();
     scaling.print();
     floor.print();
+    cpu.note(
+        "On a machine whose cores the load saturates, latency follows the CPU each request costs: \
+         compare the last two columns.",
+    );
+    cpu.print();
 
     let mut memory = Table::new(
         "Guard memory (VmRSS) with worker pods present",

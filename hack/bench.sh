@@ -31,6 +31,31 @@ export OHA="$tools/bin/oha"
 started=$SECONDS
 
 log() { echo "bench.sh: $*" >&2; }
+
+# Where the apiserver's CPU went during the first guarded run of each delete path: the
+# share of its samples under a few functions, from Go's pprof (`go tool pprof -top -cum`).
+apiserver_profiles() { # apiserver_profiles DIR
+	local dir=$1 file
+	compgen -G "$dir/*.pprof" >/dev/null || return 0
+	echo
+	echo "## Apiserver CPU profiles, first guarded run of each path (share of the apiserver's samples)"
+	echo
+	echo "| profile | CPU s in 5 s | watch cache LIST (\`Cacher.GetList\`) | label matching in it | etcd GET (\`etcd3 store.Get\`) | calling webhooks (\`Webhook.Dispatch\`) | garbage collection (\`gcBgMarkWorker\`) |"
+	echo "|---|---|---|---|---|---|---|"
+	for file in "$dir"/*.pprof; do
+		go tool pprof -top -cum -nodefraction=0 -nodecount=100000 "$file" 2>/dev/null | awk -v name="$(basename "$file" .pprof)" '
+			/^Duration:/ { sub(/.*Total samples = /, ""); total = $1 }
+			function share(pattern) { return (pattern in seen) ? seen[pattern] : "0%" }
+			$6 ~ /cacher\.\(\*Cacher\)\.GetList$/ { seen["list"] = $5 }
+			$6 ~ /labels\.\(\*Requirement\)\.Matches$/ { seen["labels"] = $5 }
+			$6 ~ /etcd3\.\(\*store\)\.Get$/ { seen["get"] = $5 }
+			$6 ~ /generic\.\(\*Webhook\)\.Dispatch$/ { seen["webhook"] = $5 }
+			$6 ~ /runtime\.gcBgMarkWorker$/ { seen["gc"] = $5 }
+			END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", name, total, share("list"), share("labels"), share("get"), share("webhook"), share("gc") }'
+	done
+	echo
+	echo "Read one whole: \`go tool pprof -top FILE\` (files in $dir)."
+}
 wants() { [[ " $parts " == *" $1 "* ]]; }
 
 # ---- tools ----
@@ -78,8 +103,11 @@ if wants apiserver; then
 	"$cluster" down
 	trap '"$cluster" down' EXIT
 	"$cluster" up
+	profiles="$repo/target/bench/apiserver-pprof"
+	rm -rf "$profiles"
 	# shellcheck disable=SC2086
-	target/release/examples/bench_apiserver ${BENCH_APISERVER_ARGS:-}
+	target/release/examples/bench_apiserver --apiserver-profiles "$profiles" ${BENCH_APISERVER_ARGS:-}
+	apiserver_profiles "$profiles" >>"$report"
 fi
 
 echo "- took $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s" >>"$report"
