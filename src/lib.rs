@@ -12,6 +12,8 @@
 //! - [`mutation`]: the pod-CREATE patch (pure);
 //! - [`pod`]: what the guard reads of a pod, decoded into lean types;
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
+//! - [`pod_cache`]: the reconciler's pod watches as the decisions' cache, and when it
+//!   may stand in for a quorum read;
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
 //! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
 //! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
@@ -30,6 +32,7 @@ pub mod metrics;
 pub mod mutation;
 pub mod owner_refs;
 pub mod pod;
+pub mod pod_cache;
 pub mod policy;
 pub mod server;
 pub mod telemetry;

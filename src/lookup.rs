@@ -29,6 +29,7 @@ use crate::{
     Error, Result,
     metrics::Metrics,
     pod::{PodLiveness, WorkerPod},
+    pod_cache::{PodCache, parse_revision},
 };
 
 /// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
@@ -38,6 +39,12 @@ use crate::{
 /// GETs and PATCHes (BENCHMARKS.md). A page of 10 pods costs one seat; a worker has one
 /// pod, rarely more.
 const LABEL_PAGE: u32 = 10;
+
+/// How long a label read waits for the pod watch to catch up with a revision read after
+/// the request before it LISTs instead; and how often the watch's events must come for
+/// the wait to be tried at all. A LIST scans every pod of the namespace in the
+/// apiserver; on a cluster busy with workers the next event is milliseconds away.
+const CATCH_UP: Duration = Duration::from_millis(50);
 
 /// What the policy needs to know about a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,34 +81,6 @@ pub trait ClusterLookup: Send + Sync {
     /// denial at once (the safe side), never the absence of a pod.
     fn cached_pod(&self, _namespace: &str, _name: &str) -> Option<PodState> {
         None
-    }
-}
-
-/// The worker-labelled pods the reconciler's watches see, as [`PodLiveness`].
-#[derive(Clone, Default)]
-pub struct PodCache {
-    stores: Arc<std::sync::RwLock<Vec<Store<PodLiveness>>>>,
-}
-
-// === impl PodCache ===
-
-impl PodCache {
-    /// Adds the store of one watch (one per watched namespace, or one for all).
-    pub fn add(&self, store: Store<PodLiveness>) {
-        self.stores
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(store);
-    }
-
-    /// The pod as last seen (without its labels), if a watch saw it.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<PodState> {
-        let key = ObjectRef::new(name).within(namespace);
-        let stores = self.stores.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        stores
-            .iter()
-            .find_map(|store| store.get(&key))
-            .map(|pod| PodState::from(&*pod))
     }
 }
 
@@ -153,6 +132,8 @@ impl From<&Pod> for PodState {
 pub struct KubeLookup {
     client: Client,
     pods: PodCache,
+    /// Counts the label reads by where they were answered, when set.
+    metrics: Option<Arc<Metrics>>,
     /// Metadata-only caches of the watched namespaces, by name (one for all namespaces
     /// under the empty name), when [`KubeLookup::watching_namespaces`] set them up.
     namespaces: Arc<HashMap<String, Store<PartialObjectMeta<Namespace>>>>,
@@ -171,14 +152,47 @@ impl KubeLookup {
         Self {
             client,
             pods: PodCache::default(),
+            metrics: None,
             namespaces: Arc::default(),
         }
     }
 
-    /// Consults `pods`, the reconciler's watch of worker pods, before denying by a read.
+    /// Consults `pods`, the reconciler's watch of worker pods: a live pod it shows denies
+    /// without a read, and once it has caught up with a revision read after the request
+    /// it answers for the worker label in place of a LIST. `metrics` counts which.
     #[must_use]
-    pub fn with_pod_cache(self, pods: PodCache) -> Self {
-        Self { pods, ..self }
+    pub fn with_pod_cache(self, pods: PodCache, metrics: Arc<Metrics>) -> Self {
+        Self {
+            pods,
+            metrics: Some(metrics),
+            ..self
+        }
+    }
+
+    /// The labelled pods from the pod watch, if it is busy and catches up in time with
+    /// the current revision, read now by quorum (a LIST of one name: a single-key read
+    /// in the apiserver, whatever the namespace holds).
+    async fn pods_labelled_from_watch(
+        &self,
+        namespace: &str,
+        label: &str,
+        value: &str,
+    ) -> Result<Option<Vec<PodState>>> {
+        let Some(watch) = self
+            .pods
+            .watching(namespace, label)
+            .filter(|watch| watch.is_busy(CATCH_UP))
+        else {
+            return Ok(None);
+        };
+        let pods: Api<PartialObjectMeta<Pod>> = Api::namespaced(self.client.clone(), namespace);
+        let params = ListParams::default().fields(&format!("metadata.name={value}"));
+        debug_assert!(params.resource_version.is_none(), "the revision must be read by quorum");
+        let current = pods.list_metadata(&params).await?;
+        let Some(revision) = parse_revision(current.metadata.resource_version.as_deref()) else {
+            return Ok(None);
+        };
+        Ok(watch.labelled_at(revision, namespace, value, CATCH_UP).await)
     }
 
     /// Keeps a metadata-only cache of the namespaces in `scope` (all when empty), so that
@@ -241,6 +255,13 @@ impl ClusterLookup for KubeLookup {
     }
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
+        let from_watch = self.pods_labelled_from_watch(namespace, label, value).await?;
+        if let Some(metrics) = &self.metrics {
+            metrics.label_read(from_watch.is_some());
+        }
+        if let Some(found) = from_watch {
+            return Ok(found);
+        }
         let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
         // The default ListParams carry no resourceVersion: "most recent", a quorum read.
         // The next pages continue that same read (the token pins its resourceVersion).

@@ -22,6 +22,7 @@ pub struct Metrics {
     admission_duration: Family<EndpointLabels, Histogram, fn() -> Histogram>,
     lookup_duration: Histogram,
     lookup_errors: Counter,
+    label_reads: Family<SourceLabels, Counter>,
     certificate_reloads: Family<ResultLabels, Counter>,
     certificate_expiry: Gauge,
     reconcile_errors: Counter,
@@ -46,6 +47,11 @@ pub struct DecisionLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointLabels {
     endpoint: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -104,6 +110,12 @@ impl Default for Metrics {
             "Quorum reads that failed or timed out",
             lookup_errors.clone(),
         );
+        let label_reads = Family::<SourceLabels, Counter>::default();
+        registry.register(
+            "worker_label_reads",
+            "Reads of the pods carrying a worker label, by source: the pod watch once caught up with a quorum revision, or a LIST",
+            label_reads.clone(),
+        );
         let certificate_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "certificate_reloads",
@@ -156,6 +168,7 @@ impl Default for Metrics {
             admission_duration,
             lookup_duration,
             lookup_errors,
+            label_reads,
             certificate_reloads,
             certificate_expiry,
             reconcile_errors,
@@ -195,6 +208,12 @@ impl Metrics {
             start: Instant::now(),
             failed: true,
         }
+    }
+
+    /// Counts a read of a worker label's pods: from the caught-up pod watch, or a LIST.
+    pub fn label_read(&self, from_watch: bool) {
+        let source = if from_watch { "watch" } else { "list" };
+        self.label_reads.get_or_create(&SourceLabels { source }).inc();
     }
 
     /// Counts a certificate reload attempt.

@@ -23,7 +23,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, future::join_all};
+use futures::{StreamExt, TryStreamExt, future::join_all};
 use k8s_openapi::{
     api::core::v1::Secret,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
@@ -47,9 +47,10 @@ use crate::{
     Error, Result,
     config::PolicyConfig,
     events::{Events, secret_reference},
-    lookup::{PodCache, PodState},
+    lookup::PodState,
     metrics::Metrics,
     pod::{PodLiveness, WorkerPod},
+    pod_cache::PodCache,
 };
 
 /// How many pods are reconciled at once.
@@ -155,15 +156,18 @@ impl Reconciler {
     }
 
     async fn run_scope(self: Arc<Self>, namespace: Option<String>, shutdown: CancellationToken) {
-        let labelled = watcher::Config::default().labels(&self.policy.worker_label);
+        let label = self.policy.worker_label.clone();
+        let labelled = watcher::Config::default().labels(&label);
 
-        // Metadata and phase (a metadata-only watch has no phase): the same store is the
-        // lookups' cache of live pods.
+        // Metadata, the worker label and the phase (a metadata-only watch has no phase):
+        // the same events feed the decisions' cache of worker pods.
         let (pods, pod_writer) = reflector::store();
-        self.pod_cache.add(pods.clone());
+        let cache = self.pod_cache.add(namespace.clone(), &label);
         let pod_events = watcher(self.api::<PodLiveness>(namespace.as_deref()), labelled.clone())
             .default_backoff()
+            .modify(move |pod| pod.keep_label(&label))
             .reflect(pod_writer)
+            .inspect_ok(move |event| cache.observe(event))
             .applied_objects()
             // Once per pod UID: status updates change nothing adoption depends on.
             .predicate_filter(uid, Default::default());

@@ -20,10 +20,11 @@ use serde::{Deserialize, Serialize, de::IgnoredAny};
 
 /// A pod as the watches decode it: the metadata liveness and adoption need, and the
 /// phase. With 10,000 pods, decoding whole pods and dropping their specs doubled the
-/// guard's memory (allocator fragmentation); their labels cost megabytes more.
+/// guard's memory (allocator fragmentation); the watch keeps one label of the labels
+/// decoded here, the worker's (see [`PodLiveness::keep_label`]).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct PodLiveness {
-    /// Name, namespace, uid, resourceVersion, creation and deletion timestamps.
+    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
     #[serde(deserialize_with = "liveness_metadata")]
     pub metadata: ObjectMeta,
     /// Its phase only.
@@ -168,6 +169,22 @@ macro_rules! pod_resource {
 
 pod_resource!(PodLiveness, WorkerPod);
 
+// === impl PodLiveness ===
+
+impl PodLiveness {
+    /// Drops every label but `label`: the watch's store keeps only the worker's.
+    pub fn keep_label(&mut self, label: &str) {
+        if let Some(labels) = self.metadata.labels.as_mut() {
+            labels.retain(|key, _| key == label);
+        }
+    }
+
+    /// The value of `label`, if the pod carries it.
+    pub fn label(&self, label: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(label).map(String::as_str)
+    }
+}
+
 // === impl WorkerPod ===
 
 impl WorkerPod {
@@ -229,11 +246,11 @@ impl SecretReferences {
     }
 }
 
-/// The fields of a pod's metadata the guard keeps; `M` is how the labels and annotations
-/// are read: kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
+/// The fields of a pod's metadata the guard keeps; `A` is how the annotations are read:
+/// kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct KeptMetadata<M> {
+struct KeptMetadata<A> {
     name: Option<String>,
     namespace: Option<String>,
     uid: Option<String>,
@@ -241,22 +258,22 @@ struct KeptMetadata<M> {
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
     #[serde(default)]
-    labels: M,
+    labels: Maps,
     #[serde(default)]
-    annotations: M,
+    annotations: A,
 }
 
 /// Labels or annotations, kept.
 type Maps = Option<BTreeMap<String, String>>;
 
-impl<M> KeptMetadata<M> {
-    fn into_meta(self, labels: Maps, annotations: Maps) -> ObjectMeta {
+impl<A> KeptMetadata<A> {
+    fn into_meta(self, annotations: Maps) -> ObjectMeta {
         ObjectMeta {
             name: self.name,
             namespace: self.namespace,
             uid: self.uid,
             resource_version: self.resource_version,
-            labels,
+            labels: self.labels,
             annotations,
             creation_timestamp: self.creation_timestamp,
             deletion_timestamp: self.deletion_timestamp,
@@ -286,13 +303,13 @@ fn expect_pod<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D
 }
 
 fn liveness_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    Ok(KeptMetadata::<IgnoredAny>::deserialize(deserializer)?.into_meta(None, None))
+    Ok(KeptMetadata::<IgnoredAny>::deserialize(deserializer)?.into_meta(None))
 }
 
 fn worker_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
     let mut kept = KeptMetadata::<Maps>::deserialize(deserializer)?;
-    let (labels, annotations) = (kept.labels.take(), kept.annotations.take());
-    Ok(kept.into_meta(labels, annotations))
+    let annotations = kept.annotations.take();
+    Ok(kept.into_meta(annotations))
 }
 
 #[cfg(test)]
@@ -337,12 +354,17 @@ mod tests {
     }
 
     #[test]
-    fn a_watched_pod_keeps_its_liveness_and_nothing_of_its_spec() {
-        let pod: PodLiveness = serde_json::from_value(json_pod()).unwrap();
+    fn a_watched_pod_keeps_its_liveness_its_worker_label_and_nothing_of_its_spec() {
+        let mut value = json_pod();
+        value["metadata"]["labels"]["team"] = "ci".into();
+        let mut pod: PodLiveness = serde_json::from_value(value).unwrap();
+        pod.keep_label("CDS_WORKER_NAME");
 
         let state = PodState::from(&pod);
         assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
-        assert!(state.labels.is_empty(), "labels are for the quorum reads");
+        assert_eq!(pod.label("CDS_WORKER_NAME"), Some("w1"));
+        assert_eq!(pod.label("team"), None, "only the worker label is kept");
+        assert_eq!(pod.metadata.labels.as_ref().map(|labels| labels.len()), Some(1));
         assert_eq!(state.phase.as_deref(), Some("Succeeded"));
         assert_eq!(
             pod.metadata.resource_version.as_deref(),

@@ -38,9 +38,10 @@ use crate::{
     api::{self, AppState},
     config::Limits,
     events::Events,
-    lookup::{ClusterLookup, KubeLookup, PodCache, Unavailable},
+    lookup::{ClusterLookup, KubeLookup, Unavailable},
     metrics::Metrics,
     owner_refs::Reconciler,
+    pod_cache::PodCache,
     tls::CertStore,
 };
 
@@ -83,7 +84,7 @@ impl Server {
                 let pods = PodCache::default();
                 let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone(), pods.clone());
                 let (lookup, namespaces) = KubeLookup::new(client)
-                    .with_pod_cache(pods)
+                    .with_pod_cache(pods, metrics.clone())
                     .watching_namespaces(&config.policy.namespaces);
                 tokio::spawn(namespaces);
                 Self::build(config, Arc::new(lookup), metrics, events, Some(reconciler))

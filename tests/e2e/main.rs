@@ -167,6 +167,97 @@ async fn a_labelled_live_pod_past_the_first_page_keeps_its_secret() {
     );
 }
 
+/// While worker pods change all the time, the guard answers the worker label from its pod
+/// watch once the watch has caught up with a revision read after the request, in place of
+/// a LIST that scans the namespace. A pod labelled for the worker, created just before the
+/// delete, must still keep the secret; a true orphan still goes.
+#[tokio::test]
+async fn under_worker_pod_churn_the_label_is_read_from_the_watch_and_a_pod_just_created_counts() {
+    const ROUNDS: usize = 8;
+    let guard = shared_guard();
+    let ns = TestNamespace::new("churn").await;
+    let labelled = |name: &str, worker: &str| {
+        pod(
+            name,
+            serde_json::json!({"CDS_WORKER_NAME": worker}),
+            serde_json::json!({}),
+            &[],
+        )
+    };
+    ns.pods()
+        .create(&Default::default(), &labelled("churner", "w-other"))
+        .await
+        .unwrap();
+    let pods = ns.pods();
+    let churn = tokio::spawn(async move {
+        for n in 0u64.. {
+            let patch = serde_json::json!({"metadata": {"annotations": {"churn": n.to_string()}}});
+            pods.patch("churner", &Default::default(), &kube::api::Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    });
+    for round in 0..ROUNDS {
+        ns.worker_secret(&format!("w-race-{round}")).await;
+    }
+    ns.worker_secret("w-gone").await;
+    past_grace_period().await;
+
+    for round in 0..ROUNDS {
+        let worker = format!("w-race-{round}");
+        let racer = ns
+            .pods()
+            .create(&Default::default(), &labelled(&format!("racer-{round}"), &worker))
+            .await
+            .unwrap();
+        let refused = ns
+            .delete_secret(&format!("cds-worker-config-{worker}"), &DeleteParams::default())
+            .await
+            .unwrap_err();
+        let uid = racer.metadata.uid.unwrap();
+        denied_by_guard(
+            &refused,
+            &format!("pod racer-{round} (uid {uid}, Pending) still uses secret"),
+        );
+    }
+    ns.delete_secret("cds-worker-config-w-gone", &DeleteParams::default())
+        .await
+        .expect("orphan: deleted");
+    churn.abort();
+    assert_eq!(
+        guard.audit_line(&ns.name, "cds-worker-config-w-gone", "allow").await["reason"],
+        "orphan"
+    );
+
+    // Which rounds the watch answered: the guard read the revision (a LIST of one name)
+    // and never LISTed the worker label.
+    let guard_reads: Vec<String> = apiserver_audit()
+        .into_iter()
+        .filter(|event| {
+            event["user"]["username"] == "system:serviceaccount:cds-secret-guard:cds-secret-guard"
+                && event["verb"] == "list"
+                && event["objectRef"]["namespace"] == ns.name.as_str()
+        })
+        .filter_map(|event| event["requestURI"].as_str().map(str::to_owned))
+        .collect();
+    let asked = |parameter: &str| {
+        guard_reads.iter().any(|uri| {
+            let query = uri.split_once('?').map_or("", |(_, query)| query).replace("%3D", "=");
+            query.split('&').any(|part| part == parameter)
+        })
+    };
+    let from_watch = (0..ROUNDS)
+        .filter(|round| {
+            asked(&format!("fieldSelector=metadata.name=w-race-{round}"))
+                && !asked(&format!("labelSelector=CDS_WORKER_NAME=w-race-{round}"))
+        })
+        .count();
+    assert!(
+        from_watch > 0,
+        "no round was answered from the watch; the guard's LISTs: {guard_reads:#?}"
+    );
+}
+
 #[tokio::test]
 async fn delete_collection_keeps_young_worker_secrets() {
     let guard = shared_guard();
