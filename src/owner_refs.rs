@@ -156,17 +156,16 @@ impl Reconciler {
     }
 
     async fn run_scope(self: Arc<Self>, namespace: Option<String>, shutdown: CancellationToken) {
-        let label = self.policy.worker_label.clone();
-        let labelled = watcher::Config::default().labels(&label);
+        let labelled = watcher::Config::default().labels(&self.policy.worker_label);
 
-        // Metadata, the worker label and the phase (a metadata-only watch has no phase):
-        // the same events feed the decisions' cache of worker pods.
-        let (pods, pod_writer) = reflector::store();
-        let cache = self.pod_cache.add(namespace.clone(), &label);
+        // Metadata, the worker label's value and the phase (a metadata-only watch has no
+        // phase): the store that the controller reads is also the decisions' cache.
+        let cache = self.pod_cache.add(namespace.clone(), &self.policy.worker_label);
+        let pods = cache.store();
+        let label = self.policy.worker_label.clone();
         let pod_events = watcher(self.api::<PodLiveness>(namespace.as_deref()), labelled.clone())
             .default_backoff()
-            .modify(move |pod| pod.keep_label(&label))
-            .reflect(pod_writer)
+            .modify(move |pod| pod.keep_worker(&label))
             .inspect_ok(move |event| cache.observe(event))
             .applied_objects()
             // Once per pod UID: status updates change nothing adoption depends on.

@@ -20,16 +20,21 @@ use serde::{Deserialize, Serialize, de::IgnoredAny};
 
 /// A pod as the watches decode it: the metadata liveness and adoption need, and the
 /// phase. With 10,000 pods, decoding whole pods and dropping their specs doubled the
-/// guard's memory (allocator fragmentation); the watch keeps one label of the labels
-/// decoded here, the worker's (see [`PodLiveness::keep_label`]).
+/// guard's memory (allocator fragmentation), and a label map costs a node of eleven
+/// entries per pod: the watch keeps the worker label's value alone
+/// ([`PodLiveness::keep_worker`]).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct PodLiveness {
-    /// Name, namespace, uid, resourceVersion, labels, creation and deletion timestamps.
+    /// Name, namespace, uid, resourceVersion, creation and deletion timestamps (and the
+    /// labels, until [`PodLiveness::keep_worker`] takes them).
     #[serde(deserialize_with = "liveness_metadata")]
     pub metadata: ObjectMeta,
     /// Its phase only.
     #[serde(default)]
     pub status: Option<PhasePart>,
+    /// The value of the worker label, once [`PodLiveness::keep_worker`] has set it.
+    #[serde(skip)]
+    pub worker: Option<String>,
 }
 
 /// A pod as the mutation, the adoption and the quorum reads see it: [`PodLiveness`]'s
@@ -172,16 +177,9 @@ pod_resource!(PodLiveness, WorkerPod);
 // === impl PodLiveness ===
 
 impl PodLiveness {
-    /// Drops every label but `label`: the watch's store keeps only the worker's.
-    pub fn keep_label(&mut self, label: &str) {
-        if let Some(labels) = self.metadata.labels.as_mut() {
-            labels.retain(|key, _| key == label);
-        }
-    }
-
-    /// The value of `label`, if the pod carries it.
-    pub fn label(&self, label: &str) -> Option<&str> {
-        self.metadata.labels.as_ref()?.get(label).map(String::as_str)
+    /// Keeps the value of `label` as [`PodLiveness::worker`] and drops the labels.
+    pub fn keep_worker(&mut self, label: &str) {
+        self.worker = self.metadata.labels.take().and_then(|mut labels| labels.remove(label));
     }
 }
 
@@ -358,13 +356,12 @@ mod tests {
         let mut value = json_pod();
         value["metadata"]["labels"]["team"] = "ci".into();
         let mut pod: PodLiveness = serde_json::from_value(value).unwrap();
-        pod.keep_label("CDS_WORKER_NAME");
+        pod.keep_worker("CDS_WORKER_NAME");
 
         let state = PodState::from(&pod);
         assert_eq!((state.name.as_str(), state.uid.as_str()), ("w1", "uid-1"));
-        assert_eq!(pod.label("CDS_WORKER_NAME"), Some("w1"));
-        assert_eq!(pod.label("team"), None, "only the worker label is kept");
-        assert_eq!(pod.metadata.labels.as_ref().map(|labels| labels.len()), Some(1));
+        assert_eq!(pod.worker.as_deref(), Some("w1"));
+        assert_eq!(pod.metadata.labels, None, "no label map is kept");
         assert_eq!(state.phase.as_deref(), Some("Succeeded"));
         assert_eq!(
             pod.metadata.resource_version.as_deref(),

@@ -9,12 +9,15 @@
 //! (a LIST, which costs the apiserver a scan of the namespace's pods).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     sync::{Arc, Mutex, MutexGuard, RwLock},
     time::Duration,
 };
 
-use kube::runtime::watcher::Event;
+use kube::runtime::{
+    reflector::{self, ObjectRef, Store, store::Writer},
+    watcher::Event,
+};
 use tokio::{sync::watch, time::Instant};
 
 use crate::{lookup::PodState, pod::PodLiveness};
@@ -26,35 +29,38 @@ pub struct PodCache {
     watches: Arc<RwLock<Vec<Arc<PodWatch>>>>,
 }
 
-/// One watch's pods, indexed by worker, and the revision the watch has caught up with.
+/// One watch's pods: the reconciler's store, an index of their names by worker, and the
+/// revision both have caught up with.
 pub struct PodWatch {
     /// The namespace watched, or `None` for all.
     scope: Option<String>,
     /// The worker label the watch selects on.
     label: String,
-    index: Mutex<Index>,
-    /// The index's revision, for the reads waiting for it to catch up.
+    /// The pods, as the reconciler reads them.
+    pods: Store<PodLiveness>,
+    /// The store's writer and the index, written together under this lock: whoever holds
+    /// it sees both at one revision.
+    state: Mutex<WatchState>,
+    /// The revision, for the reads waiting for the watch to catch up.
     revision: watch::Sender<u64>,
 }
 
-#[derive(Default)]
-struct Index {
-    pods: Pods,
-    /// The pods of a relist in progress, until it is done.
-    relist: Option<Pods>,
-    /// Every change up to this revision is in `pods`.
+struct WatchState {
+    writer: Writer<PodLiveness>,
+    names: WorkerNames,
+    /// The index of a relist in progress, until it is done.
+    relist: Option<WorkerNames>,
+    /// Every change up to this revision is in the store and the index.
     revision: u64,
     /// When the last two events came: how soon the next may come.
     last_event: Option<Instant>,
     gap: Option<Duration>,
 }
 
+/// Namespace → worker → the names of the pods labelled with it.
 #[derive(Default)]
-struct Pods {
-    /// (namespace, worker) → the worker's pods, by name.
-    by_worker: HashMap<(String, String), BTreeMap<String, PodState>>,
-    /// (namespace, pod name) → the worker it is labelled with.
-    worker_of: HashMap<(String, String), String>,
+struct WorkerNames {
+    names: HashMap<String, HashMap<String, Vec<String>>>,
     /// The newest revision among the pods.
     newest: u64,
 }
@@ -63,12 +69,22 @@ struct Pods {
 
 impl PodCache {
     /// Adds the watch of one scope (a namespace, or all) selecting on `label`, and
-    /// returns it: the watch's events go to [`PodWatch::observe`].
+    /// returns it: the watch's events go to [`PodWatch::observe`], which keeps the store
+    /// that [`PodWatch::store`] reads.
     pub fn add(&self, scope: Option<String>, label: &str) -> Arc<PodWatch> {
+        let (pods, writer) = reflector::store();
         let watch = Arc::new(PodWatch {
             scope,
             label: label.to_owned(),
-            index: Mutex::default(),
+            pods,
+            state: Mutex::new(WatchState {
+                writer,
+                names: WorkerNames::default(),
+                relist: None,
+                revision: 0,
+                last_event: None,
+                gap: None,
+            }),
             revision: watch::Sender::new(0),
         });
         self.watches
@@ -89,53 +105,65 @@ impl PodCache {
 
     /// The pod as last seen, if a watch saw it: a hint, never the proof of an absence.
     pub fn get(&self, namespace: &str, name: &str) -> Option<PodState> {
+        let key = ObjectRef::new(name).within(namespace);
         let watches = self.watches.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        watches.iter().find_map(|watch| watch.lock().pods.get(namespace, name))
+        watches
+            .iter()
+            .find_map(|watch| watch.pods.get(&key))
+            .map(|pod| PodState::from(&*pod))
     }
 }
 
 // === impl PodWatch ===
 
 impl PodWatch {
-    /// Takes one event of the watch, after the reconciler's store has.
+    /// The store of the watch's pods, which [`PodWatch::observe`] keeps.
+    pub fn store(&self) -> Store<PodLiveness> {
+        self.pods.clone()
+    }
+
+    /// Takes one event of the watch, its worker label moved to [`PodLiveness::worker`].
     pub fn observe(&self, event: &Event<PodLiveness>) {
-        let mut index = self.lock();
+        let mut state = self.lock();
         match event {
-            Event::Apply(pod) => {
-                index.pods.put(&self.label, pod);
-                index.advance(pod);
+            Event::Apply(pod) | Event::Delete(pod) => {
+                // The store still holds the pod as it was: its old worker, if relabelled.
+                if let Some(old) = self.pods.get(&ObjectRef::from_obj(pod)) {
+                    state.names.remove(&old);
+                }
+                if matches!(event, Event::Apply(_)) {
+                    state.names.insert(pod);
+                }
+                state.advance(pod);
             }
-            Event::Delete(pod) => {
-                index.pods.remove(pod);
-                index.advance(pod);
-            }
-            Event::Init => index.relist = Some(Pods::default()),
+            Event::Init => state.relist = Some(WorkerNames::default()),
             Event::InitApply(pod) => {
-                if let Some(relist) = index.relist.as_mut() {
-                    relist.put(&self.label, pod);
+                if let Some(relist) = state.relist.as_mut() {
+                    relist.insert(pod);
                 }
             }
             Event::InitDone => {
-                if let Some(relist) = index.relist.take() {
+                if let Some(relist) = state.relist.take() {
                     // The list's own revision is not in the events; its newest pod's is
                     // no newer, so the claim stays true. It may be older than the last
                     // event's: a relist may be served from a lagging cache.
-                    index.revision = relist.newest;
-                    index.pods = relist;
+                    state.revision = relist.newest;
+                    state.names = relist;
                 }
             }
         }
-        self.revision.send_replace(index.revision);
+        state.writer.apply_watcher_event(event);
+        self.revision.send_replace(state.revision);
     }
 
     /// Whether the watch's events come often enough that waiting for the next is
     /// likely to be quicker than a LIST: the last two came within `within` of each
     /// other, the last one within `within` of now.
     pub fn is_busy(&self, within: Duration) -> bool {
-        let index = self.lock();
-        index
+        let state = self.lock();
+        state
             .last_event
-            .is_some_and(|last| last.elapsed() <= within && index.gap.is_some_and(|gap| gap <= within))
+            .is_some_and(|last| last.elapsed() <= within && state.gap.is_some_and(|gap| gap <= within))
     }
 
     /// The pods labelled with `worker` in `namespace`, once the watch has caught up with
@@ -152,23 +180,30 @@ impl PodWatch {
         let mut changes = self.revision.subscribe();
         loop {
             {
-                let index = self.lock();
-                if index.revision >= revision {
-                    return Some(index.pods.labelled(namespace, worker));
+                let state = self.lock();
+                if state.revision >= revision {
+                    let names = state.names.of(namespace, worker);
+                    return Some(
+                        names
+                            .iter()
+                            .filter_map(|name| self.pods.get(&ObjectRef::new(name).within(namespace)))
+                            .map(|pod| PodState::from(&*pod))
+                            .collect(),
+                    );
                 }
             }
             tokio::time::timeout_at(deadline, changes.changed()).await.ok()?.ok()?;
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Index> {
-        self.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> MutexGuard<'_, WatchState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-// === impl Index ===
+// === impl WatchState ===
 
-impl Index {
+impl WatchState {
     fn advance(&mut self, pod: &PodLiveness) {
         if let Some(revision) = revision_of(pod) {
             self.revision = self.revision.max(revision);
@@ -179,58 +214,52 @@ impl Index {
     }
 }
 
-// === impl Pods ===
+// === impl WorkerNames ===
 
-impl Pods {
-    fn put(&mut self, label: &str, pod: &PodLiveness) {
-        self.remove(pod);
-        let (Some(namespace), Some(name), Some(worker)) = (
-            pod.metadata.namespace.as_ref(),
-            pod.metadata.name.as_ref(),
-            pod.label(label),
-        ) else {
-            return;
-        };
-        self.worker_of
-            .insert((namespace.clone(), name.clone()), worker.to_owned());
-        self.by_worker
-            .entry((namespace.clone(), worker.to_owned()))
-            .or_default()
-            .insert(name.clone(), PodState::from(pod));
+impl WorkerNames {
+    fn insert(&mut self, pod: &PodLiveness) {
         if let Some(revision) = revision_of(pod) {
             self.newest = self.newest.max(revision);
+        }
+        let (Some(namespace), Some(name), Some(worker)) = (&pod.metadata.namespace, &pod.metadata.name, &pod.worker)
+        else {
+            return;
+        };
+        let names = self
+            .names
+            .entry(namespace.clone())
+            .or_default()
+            .entry(worker.clone())
+            .or_default();
+        if !names.contains(name) {
+            names.push(name.clone());
         }
     }
 
     fn remove(&mut self, pod: &PodLiveness) {
-        let (Some(namespace), Some(name)) = (pod.metadata.namespace.as_ref(), pod.metadata.name.as_ref()) else {
+        let (Some(namespace), Some(name), Some(worker)) = (&pod.metadata.namespace, &pod.metadata.name, &pod.worker)
+        else {
             return;
         };
-        let Some(worker) = self.worker_of.remove(&(namespace.clone(), name.clone())) else {
+        let Some(workers) = self.names.get_mut(namespace) else {
             return;
         };
-        let key = (namespace.clone(), worker);
-        if let Some(pods) = self.by_worker.get_mut(&key) {
-            pods.remove(name);
-            if pods.is_empty() {
-                self.by_worker.remove(&key);
+        if let Some(names) = workers.get_mut(worker) {
+            names.retain(|kept| kept != name);
+            if names.is_empty() {
+                workers.remove(worker);
             }
+        }
+        if workers.is_empty() {
+            self.names.remove(namespace);
         }
     }
 
-    fn get(&self, namespace: &str, name: &str) -> Option<PodState> {
-        let worker = self.worker_of.get(&(namespace.to_owned(), name.to_owned()))?;
-        self.by_worker
-            .get(&(namespace.to_owned(), worker.clone()))?
-            .get(name)
-            .cloned()
-    }
-
-    fn labelled(&self, namespace: &str, worker: &str) -> Vec<PodState> {
-        self.by_worker
-            .get(&(namespace.to_owned(), worker.to_owned()))
-            .map(|pods| pods.values().cloned().collect())
-            .unwrap_or_default()
+    fn of(&self, namespace: &str, worker: &str) -> &[String] {
+        self.names
+            .get(namespace)
+            .and_then(|workers| workers.get(worker))
+            .map_or(&[], Vec::as_slice)
     }
 }
 
@@ -257,7 +286,7 @@ mod tests {
         pod.metadata.namespace = Some("cds".to_owned());
         pod.metadata.uid = Some(format!("uid-{name}"));
         pod.metadata.resource_version = Some(revision.to_string());
-        pod.metadata.labels = Some([(LABEL.to_owned(), worker.to_owned())].into());
+        pod.worker = Some(worker.to_owned());
         pod
     }
 
