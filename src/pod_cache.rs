@@ -22,9 +22,6 @@ use tokio::{sync::watch, time::Instant};
 
 use crate::{lookup::PodState, pod::PodLiveness};
 
-/// How long a watch that did not catch up in time is left alone.
-pub const LAGGING: Duration = Duration::from_secs(5);
-
 /// The worker-labelled pods the reconciler's watches see: one [`PodWatch`] per watched
 /// namespace, or one for all.
 #[derive(Clone, Default)]
@@ -58,10 +55,6 @@ struct WatchState {
     /// When the last two events came: how soon the next may come.
     last_event: Option<Instant>,
     gap: Option<Duration>,
-    /// Until when the watch is taken to lag: it did not catch up in time. A watch served
-    /// by a saturated apiserver delivers events seconds late; reading the revision and
-    /// waiting then only adds to the load.
-    lagging_until: Option<Instant>,
 }
 
 /// Namespace → worker → the names of the pods labelled with it.
@@ -91,7 +84,6 @@ impl PodCache {
                 revision: 0,
                 last_event: None,
                 gap: None,
-                lagging_until: None,
             }),
             revision: watch::Sender::new(0),
         });
@@ -166,19 +158,16 @@ impl PodWatch {
 
     /// Whether the watch's events come often enough that waiting for the next is
     /// likely to be quicker than a LIST: the last two came within `within` of each
-    /// other, the last one within `within` of now, and the watch has not failed to
-    /// catch up lately.
+    /// other, the last one within `within` of now.
     pub fn is_busy(&self, within: Duration) -> bool {
         let state = self.lock();
-        let now = Instant::now();
-        state.lagging_until.is_none_or(|until| now >= until)
-            && state.last_event.is_some_and(|last| now - last <= within)
-            && state.gap.is_some_and(|gap| gap <= within)
+        state
+            .last_event
+            .is_some_and(|last| last.elapsed() <= within && state.gap.is_some_and(|gap| gap <= within))
     }
 
     /// The pods labelled with `worker` in `namespace`, once the watch has caught up with
-    /// `revision`; `None` if it has not within `within`, after which it is not
-    /// [busy](PodWatch::is_busy) for [`LAGGING`].
+    /// `revision`; `None` if it has not within `within`.
     pub async fn labelled_at(
         &self,
         revision: u64,
@@ -203,10 +192,7 @@ impl PodWatch {
                     );
                 }
             }
-            if !matches!(tokio::time::timeout_at(deadline, changes.changed()).await, Ok(Ok(()))) {
-                self.lock().lagging_until = Some(Instant::now() + LAGGING);
-                return None;
-            }
+            tokio::time::timeout_at(deadline, changes.changed()).await.ok()?.ok()?;
         }
     }
 
@@ -411,21 +397,6 @@ mod tests {
         assert!(watch.is_busy(within));
         std::thread::sleep(Duration::from_millis(5));
         assert!(!watch.is_busy(Duration::from_millis(1)), "the last event is too old");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_that_did_not_catch_up_is_left_alone_for_a_while() {
-        let cache = PodCache::default();
-        let watch = cache.add(None, LABEL);
-        watch.observe(&Event::Apply(pod("a", "w1", 1)));
-        watch.observe(&Event::Apply(pod("b", "w1", 2)));
-        let within = Duration::from_secs(60);
-        assert!(watch.is_busy(within));
-
-        assert_eq!(watch.labelled_at(3, "cds", "w1", Duration::from_millis(50)).await, None);
-        assert!(!watch.is_busy(within), "lagging: a LIST is quicker");
-        tokio::time::advance(LAGGING).await;
-        assert!(watch.is_busy(within), "tried again after a while");
     }
 
     #[test]
