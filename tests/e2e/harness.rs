@@ -495,6 +495,12 @@ pub fn pod(name: &str, labels: Value, annotations: Value, secrets: &[&str]) -> P
     .unwrap()
 }
 
+/// A pod (not created) named `name`, labelled for `worker` and nothing more: one that rule
+/// 5 counts for the worker whatever its name.
+pub fn labelled_pod(name: &str, worker: &str) -> Pod {
+    pod(name, json!({"CDS_WORKER_NAME": worker}), json!({}), &[])
+}
+
 /// A namespace for one test, deleted (by the namespace controller) when dropped.
 pub struct TestNamespace {
     pub name: String,

@@ -130,19 +130,14 @@ async fn a_labelled_live_pod_past_the_first_page_keeps_its_secret() {
     let _guard = shared_guard();
     let ns = TestNamespace::new("paged").await;
     ns.worker_secret("w-paged").await;
-    let labelled = |name: &str| {
-        pod(
-            name,
-            serde_json::json!({"CDS_WORKER_NAME": "w-paged"}),
-            serde_json::json!({}),
-            &[],
-        )
-    };
     // Finished pods first (the apiserver lists by name): a page's worth and more.
     let finished = serde_json::json!({"status": {"phase": "Succeeded"}});
     for i in 0..12 {
         let name = format!("a-done-{i:02}");
-        ns.pods().create(&Default::default(), &labelled(&name)).await.unwrap();
+        ns.pods()
+            .create(&Default::default(), &labelled_pod(&name, "w-paged"))
+            .await
+            .unwrap();
         ns.pods()
             .patch_status(&name, &Default::default(), &kube::api::Patch::Merge(&finished))
             .await
@@ -150,7 +145,7 @@ async fn a_labelled_live_pod_past_the_first_page_keeps_its_secret() {
     }
     let live = ns
         .pods()
-        .create(&Default::default(), &labelled("z-live"))
+        .create(&Default::default(), &labelled_pod("z-live", "w-paged"))
         .await
         .unwrap();
     past_grace_period().await;
@@ -176,16 +171,8 @@ async fn under_worker_pod_churn_the_label_is_read_from_the_watch_and_a_pod_just_
     const ROUNDS: usize = 8;
     let guard = shared_guard();
     let ns = TestNamespace::new("churn").await;
-    let labelled = |name: &str, worker: &str| {
-        pod(
-            name,
-            serde_json::json!({"CDS_WORKER_NAME": worker}),
-            serde_json::json!({}),
-            &[],
-        )
-    };
     ns.pods()
-        .create(&Default::default(), &labelled("churner", "w-other"))
+        .create(&Default::default(), &labelled_pod("churner", "w-other"))
         .await
         .unwrap();
     let pods = ns.pods();
@@ -210,7 +197,7 @@ async fn under_worker_pod_churn_the_label_is_read_from_the_watch_and_a_pod_just_
         let worker = format!("w-race-{round}");
         let racer = ns
             .pods()
-            .create(&Default::default(), &labelled(&format!("racer-{round}"), &worker))
+            .create(&Default::default(), &labelled_pod(&format!("racer-{round}"), &worker))
             .await
             .unwrap();
         let refused = ns
