@@ -153,7 +153,10 @@ impl PodWatch {
             }
         }
         state.writer.apply_watcher_event(event);
-        self.revision.send_replace(state.revision);
+        // Waiting reads wake only when the revision moves, not for each pod of a relist.
+        let revision = state.revision;
+        self.revision
+            .send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
     }
 
     /// Whether the watch's events come often enough that waiting for the next is
