@@ -15,10 +15,16 @@ down: ## Stop the guard and the local control plane
 	hack/local.sh down
 
 .PHONY: test
-test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-end against the real control plane, chart and alerts
+test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-end against the real control plane, chart and alerts, then the image, the node and the chart installed on it
 	tests/controlplane/cluster.sh up
 	tests/tools/build.sh
 	cargo test --locked --all-targets
+	tests/controlplane/cluster.sh up --node
+	cargo test --locked --test shipped
+
+.PHONY: image
+image: ## Build the image from the Dockerfile with a local engine: cds-secret-guard:<version> and :dev
+	hack/image.sh
 
 .PHONY: bench
 bench: ## Benchmarks (BENCHMARKS.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
@@ -33,6 +39,7 @@ fmt: ## Format the code
 lint: ## Formatting and clippy, as CI checks them
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --test shipped -- -D warnings
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 .PHONY: controlplane
