@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane's binaries from source: kube-apiserver,
-# kube-controller-manager and kubectl (pinned in kube/go.mod) and etcd (pinned
-# in etcd/go.mod), and puts them in <repo>/target/controlplane/bin/.
+# kube-controller-manager and kubectl, and the node's kubelet, kube-scheduler
+# and kube-proxy (pinned in kube/go.mod), and etcd (pinned in etcd/go.mod), and
+# puts them in <repo>/target/controlplane/bin/.
 #
 # Binaries are kept in a machine-wide cache keyed by a hash of everything that
 # decides their content (go.mod/go.sum files, etcd/main.go, the flags below,
@@ -33,8 +34,9 @@ done
 # etcd's version string comes from its api module; only the git SHA field
 # ("Not provided" otherwise) is stamped, with the module version.
 etcd_ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=go-module-v3.6.8"
-kube_cmds=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
-binaries=(kube-apiserver kube-controller-manager kubectl etcd)
+kube_cmds=(kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy)
+binaries=("${kube_cmds[@]}" etcd)
+kube_cmds=("${kube_cmds[@]/#/k8s.io/kubernetes/cmd/}")
 
 # Static, reproducible builds; no VCS stamping (the repo's commit must not
 # change the binaries) and no go.work from a parent directory.

@@ -2,10 +2,18 @@
 # A real, local Kubernetes control plane for tests: etcd, kube-apiserver and
 # kube-controller-manager (garbage collector + namespace controller), built
 # from source by build.sh, listening on 127.0.0.1 only. No kubelet, no
-# scheduler: pods stay Pending, which is all an admission webhook needs.
+# scheduler: pods stay Pending, which is all an admission webhook needs. With
+# --node, a real node too (node.sh): containerd, kubelet, kube-scheduler and
+# kube-proxy on the host, so pods run.
 #
-#   cluster.sh up [--ha]   build (cached) and start; idempotent
-#   cluster.sh down        stop what `up` started (either mode), remove etcd data
+#   cluster.sh up [--ha|--node]   build (cached) and start; idempotent. --node on a
+#                          running control plane adds the node to it (restarting the
+#                          apiserver and the controller-manager with the node's flags)
+#   cluster.sh down        stop what `up` started (any mode), remove etcd data; fails
+#                          if the node left a process, mount, namespace or bridge
+#   cluster.sh image-load NAME:TAG
+#                          an image of the local Docker engine (hack/docker.sh) onto
+#                          the node (containerd's k8s.io namespace)
 #   cluster.sh env         eval "$(tests/controlplane/cluster.sh env)"
 #   cluster.sh status      what runs
 #   cluster.sh selftest    pods, secrets, GC and namespace deletion work
@@ -52,7 +60,11 @@ kcm_kubeconfig="$cp_dir/controller-manager.kubeconfig"
 timeout="${CDS_CP_TIMEOUT:-120}"
 etcd_members_ha=3
 # Every component either mode starts, in start order; `down` goes in reverse.
-all_components=(etcd etcd-0 etcd-1 etcd-2 kube-apiserver kube-apiserver-a kube-apiserver-b kube-controller-manager)
+all_components=(etcd etcd-0 etcd-1 etcd-2 kube-apiserver kube-apiserver-a kube-apiserver-b kube-controller-manager
+	containerd kube-proxy kubelet kube-scheduler)
+
+# shellcheck source=tests/controlplane/node.sh
+source "$here/node.sh"
 
 log() { echo "cluster.sh: $*" >&2; }
 die() {
@@ -76,11 +88,13 @@ set_mode() {
 	esac
 	# Start order; `down` goes in reverse.
 	components=("${etcds[@]}" "${apiservers[@]}" kube-controller-manager)
+	if node_enabled; then components+=("${node_components[@]}"); fi
 }
 
 # ---- ports: chosen by `up`, recorded so the other commands agree with it ----
 load_ports() {
 	mode=""
+	node=0
 	apiserver_b_port=""
 	if [[ -f "$run/ports.env" ]]; then
 		# shellcheck source=/dev/null
@@ -131,11 +145,12 @@ etcd_servers() { # all members' client URLs, comma-separated
 }
 
 # ---- processes: tracked by pid file, identified by their command line ----
-binary_of() {
+binary_of() { # the executable's path
 	case "$1" in
-	etcd-*) echo etcd ;;
-	kube-apiserver-*) echo kube-apiserver ;;
-	*) echo "$1" ;;
+	etcd-*) echo "$bin/etcd" ;;
+	kube-apiserver-*) echo "$bin/kube-apiserver" ;;
+	containerd) command -v containerd ;; # Debian's
+	*) echo "$bin/$1" ;;
 	esac
 }
 marker_of() { # an argument only NAME's process has (HA names share a binary)
@@ -151,7 +166,7 @@ pid_of() { # prints the recorded pid if that process is alive and really ours
 	[[ "$pid" =~ ^[0-9]+$ ]] || return 1
 	# A recycled pid would run something else: compare argv[0] with our binary.
 	[[ -r "/proc/$pid/cmdline" ]] || return 1
-	[[ "$(tr '\0' '\n' <"/proc/$pid/cmdline" | head -n1)" == "$bin/$(binary_of "$name")" ]] || return 1
+	[[ "$(tr '\0' '\n' <"/proc/$pid/cmdline" | head -n1)" == "$(binary_of "$name")" ]] || return 1
 	marker="$(marker_of "$name")"
 	if [[ -n "$marker" ]]; then
 		tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "$marker" || return 1
@@ -168,7 +183,7 @@ start() { # start NAME ARGS...: detached from this shell, logs to logs/NAME.log
 	# `up`. The wrapper writes its own pid, then execs into the binary, so the
 	# pid file holds the server's pid.
 	# 8>&-: the server must not inherit (and so hold forever) the up/down lock.
-	setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$run/$name.pid" "$bin/$(binary_of "$name")" "$@" \
+	setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$run/$name.pid" "$(binary_of "$name")" "$@" \
 		>>"$logs/$name.log" 2>&1 </dev/null 8>&- &
 	local i
 	for i in $(seq 50); do
@@ -399,14 +414,17 @@ launch_apiserver() { # launch_apiserver NAME
 		# in /proc/PID/cmdline.
 		cert_dir="$cp_dir/apiserver-certs-${name#kube-apiserver-}"
 	fi
-	# ServiceAccount admission is off: no service-account controllers run,
-	# so a new namespace has no `default` SA and pods would be rejected.
-	# No endpoint reconciler: it would log every 10 s that the loopback
-	# advertise address is invalid for the `kubernetes` Endpoints (no
-	# kube-proxy here to use them anyway).
+	# Without a node: ServiceAccount admission is off (no service-account
+	# controllers run, so a new namespace has no `default` SA and pods would be
+	# rejected), and no endpoint reconciler (it would log every 10 s that the
+	# loopback advertise address is invalid for the `kubernetes` Endpoints;
+	# nothing would use them). A node needs both (node_apiserver_flags).
+	local where=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1
+		--endpoint-reconciler-type=none --disable-admission-plugins=ServiceAccount)
+	if node_enabled; then mapfile -t where < <(node_apiserver_flags); fi
 	start "$name" \
 		--etcd-servers="$(etcd_servers)" \
-		--bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+		"${where[@]}" \
 		--secure-port="$port" --cert-dir="$cert_dir" \
 		--tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
 		--client-ca-file="$pki/ca.crt" \
@@ -416,8 +434,6 @@ launch_apiserver() { # launch_apiserver NAME
 		--service-account-signing-key-file="$pki/sa.key" \
 		--service-cluster-ip-range=10.0.0.0/24 \
 		--allow-privileged=true \
-		--disable-admission-plugins=ServiceAccount \
-		--endpoint-reconciler-type=none \
 		--audit-policy-file="$(audit_policy)" --audit-log-path="$logs/$name.audit.log" \
 		--audit-log-maxsize=200 --audit-log-maxbackup=1
 }
@@ -449,10 +465,12 @@ launch_kcm() {
 	# cluster: the namespace controller is
 	# system:serviceaccount:kube-system:namespace-controller (the guard's
 	# default exempt user), the garbage collector generic-garbage-collector.
+	local node_flags=()
+	if node_enabled; then mapfile -t node_flags < <(node_kcm_flags); fi
 	start kube-controller-manager --kubeconfig="$kcm_kubeconfig" \
-		--controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller \
+		--controllers="garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller$(node_kcm_controllers)" \
 		--leader-elect=false --secure-port=0 \
-		--use-service-account-credentials=true
+		--use-service-account-credentials=true "${node_flags[@]}"
 }
 
 launch() { # launch NAME
@@ -489,6 +507,16 @@ launch_group() {
 	for name in "$@"; do wait_healthy "$name"; done
 }
 
+# ports.env: the mode, the ports and whether a node runs, for the later commands.
+save_ports() {
+	{
+		printf 'mode=%s\nnode=%s\n' "$mode" "$node"
+		printf 'apiserver_port=%s\netcd_client_port=%s\netcd_peer_port=%s\n' \
+			"$apiserver_port" "$etcd_client_port" "$etcd_peer_port"
+		if [[ "$mode" == ha ]]; then printf 'apiserver_b_port=%s\n' "$apiserver_b_port"; fi
+	} >"$run/ports.env"
+}
+
 # ---- commands ----
 cmd_up() {
 	local want=single
@@ -497,13 +525,16 @@ cmd_up() {
 	"" | 0 | [fF]alse | FALSE | [nN]o | NO | [oO]ff | OFF) ;;
 	*) die "CDS_CP_HA='$CDS_CP_HA': use 1 (HA) or 0 (single)" ;;
 	esac
+	local want_node=0
 	while (($# > 0)); do
 		case "$1" in
 		--ha) want=ha ;;
-		*) die "up: unknown argument '$1' (usage: up [--ha])" ;;
+		--node) want_node=1 ;;
+		*) die "up: unknown argument '$1' (usage: up [--ha|--node])" ;;
 		esac
 		shift
 	done
+	if [[ "$want" == ha ]] && ((want_node)); then die "up: a node is made for the single control plane, not with --ha"; fi
 	"$here/build.sh"
 	mkdir -p "$logs" "$run"
 	# Serialize up/down: two at once would start everything twice.
@@ -516,6 +547,7 @@ cmd_up() {
 	if ((running == 0)); then
 		rm -f "$run"/*.pid "$run/ports.env" # stale from a crash or reboot
 		load_ports
+		node=$want_node
 		set_mode "$want"
 		# Check every port before starting anything, so a clash leaves nothing behind.
 		local ports=()
@@ -533,19 +565,24 @@ cmd_up() {
 		if [[ "$(printf '%s\n' "${ports[@]}" | sort -u | wc -l)" != "${#ports[@]}" ]]; then
 			die "ports overlap: ${ports[*]}; etcd member N uses client and peer port + 2N"
 		fi
-		{
-			printf 'mode=%s\n' "$mode"
-			printf 'apiserver_port=%s\netcd_client_port=%s\netcd_peer_port=%s\n' \
-				"$apiserver_port" "$etcd_client_port" "$etcd_peer_port"
-			if [[ "$mode" == ha ]]; then printf 'apiserver_b_port=%s\n' "$apiserver_b_port"; fi
-		} >"$run/ports.env"
+		save_ports
 	else
 		load_ports # keep the ports of what already runs
 		if [[ "$mode" != "$want" ]]; then
 			die "a control plane in $mode mode is running; run \`$0 down\` first, then \`$0 up$([[ $want == ha ]] && echo ' --ha')\`"
 		fi
+		if ((want_node)) && ! node_enabled; then
+			# The node's flags: restart the apiserver and the controller-manager with
+			# them (etcd keeps the cluster's objects).
+			log "adding a node: restarting kube-apiserver and kube-controller-manager with its flags"
+			node=1
+			set_mode "$mode"
+			save_ports
+			stop kube-controller-manager "${apiservers[@]}"
+		fi
 	fi
 	gen_pki
+	if node_enabled; then node_pki; fi
 
 	launch_group "${etcds[@]}"
 	launch_group "${apiservers[@]}"
@@ -561,6 +598,7 @@ cmd_up() {
 		launch_kcm
 		wait_healthy kube-controller-manager
 	fi
+	if node_enabled; then node_up; fi
 	if ((running == ${#components[@]})); then
 		log "already up and healthy"
 	fi
@@ -578,7 +616,10 @@ cmd_up() {
 cmd_down() {
 	mkdir -p "$run"
 	lock
+	load_ports
 	local name
+	# The node first: its pods' teardown goes through the apiserver and the kubelet.
+	if node_enabled || [[ -d "$node_dir" ]]; then node_down; fi
 	# Reverse start order, one tier at a time (the apiservers must be gone
 	# before etcd stops, or they hang in their shutdown retrying etcd).
 	stop kube-controller-manager
@@ -589,6 +630,7 @@ cmd_down() {
 	wait_reaped "${stopped_pids[@]}"
 	rm -rf "$etcd_data" "$cp_dir"/etcd-[0-9] "$cp_dir"/apiserver-certs "$cp_dir"/apiserver-certs-[ab] \
 		"$run/ports.env" "$kubeconfig" "$kubeconfig_a" "$kubeconfig_b" "$kcm_kubeconfig"
+	[[ -z "$node_leftovers" ]] || die "the node left behind: $node_leftovers"
 	log "down"
 }
 
@@ -796,6 +838,11 @@ EOF
 }
 
 case "${1:-}" in
+image-load)
+	[[ $# -eq 2 ]] || die "usage: $0 image-load NAME:TAG"
+	load_ports
+	node_image_load "$2"
+	;;
 sa-kubeconfig)
 	[[ $# -eq 4 ]] || die "usage: $0 sa-kubeconfig NAMESPACE SA OUT"
 	cmd_sa_kubeconfig "$2" "$3" "$4"
@@ -810,7 +857,7 @@ status) cmd_status ;;
 selftest) cmd_selftest ;;
 stop | kill | start | restart) cmd_fault "$1" "${2:-}" ;;
 *)
-	echo "usage: $0 up [--ha] | down | env | status | selftest | sa-kubeconfig NAMESPACE SA OUT | stop|kill|start|restart COMPONENT" >&2
+	echo "usage: $0 up [--ha|--node] | down | image-load NAME:TAG | env | status | selftest | sa-kubeconfig NAMESPACE SA OUT | stop|kill|start|restart COMPONENT" >&2
 	exit 2
 	;;
 esac
