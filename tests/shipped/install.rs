@@ -1,0 +1,199 @@
+//! What a user runs: the image built from the Dockerfile (`make image`), the node of
+//! `cluster.sh up --node`, and the guard installed on it with Helm or kustomize.
+
+use std::{
+    path::Path,
+    process::{Command, Output, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::harness::{self, kubectl};
+
+/// The guard's version: the image's tag and the chart's appVersion.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The image `make image` tags.
+pub const IMAGE: &str = "cds-secret-guard";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs a command; fails the test with its output when it fails.
+pub fn run(command: &mut Command) -> Output {
+    let output = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// `docker ARGS` on the repository's engine (hack/docker.sh starts and stops it).
+pub fn docker() -> Command {
+    Command::new(repo().join("hack/docker.sh"))
+}
+
+/// `make image`, once per test binary.
+pub fn image() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        run(Command::new("make").arg("-C").arg(repo()).arg("image"));
+    });
+}
+
+/// The control plane with its node (`cluster.sh up --node`), once per test binary; the
+/// shipped image loaded onto the node under both tags.
+pub fn node() {
+    static UP: OnceLock<()> = OnceLock::new();
+    UP.get_or_init(|| {
+        let cluster = repo().join("tests/controlplane/cluster.sh");
+        let output = Command::new(&cluster).args(["up", "--node"]).output().unwrap();
+        assert!(
+            output.status.success(),
+            "the control plane with its node did not come up (this test needs it; it never skips):\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        image();
+        for tag in [VERSION, "dev"] {
+            run(Command::new(&cluster).args(["image-load", &format!("{IMAGE}:{tag}")]));
+        }
+        harness::control_plane();
+    });
+}
+
+pub fn kubectl_json(args: &[&str]) -> Value {
+    let output = run(kubectl().args(args).args(["-o", "json"]));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, or fails after `within`.
+pub async fn eventually<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The guard installed by Helm as the README says, from the chart's defaults but for
+/// the image tag and pull policy. Uninstalled when dropped: a `failurePolicy: Fail`
+/// webhook must not outlive its guard.
+pub struct Release {
+    pub name: &'static str,
+    pub namespace: &'static str,
+}
+
+/// The guard's pods' label.
+pub const GUARD_PODS: &str = "app.kubernetes.io/name=cds-secret-guard";
+
+impl Release {
+    fn helm(&self) -> Command {
+        let mut command = Command::new(repo().join("target/tools/bin/helm"));
+        command
+            .env("KUBECONFIG", harness::control_plane())
+            .args(["-n", self.namespace]);
+        command
+    }
+
+    /// `helm install` (or upgrade) with this image tag, `--wait`: the Deployment's pods
+    /// are ready when it returns.
+    pub fn install(tag: &str) -> Self {
+        let release = Self {
+            name: "cds-secret-guard",
+            namespace: "cds-secret-guard",
+        };
+        let _ = release.helm().args(["uninstall", release.name, "--wait"]).output();
+        release.upgrade(tag);
+        release
+    }
+
+    /// `helm upgrade` to an image tag; waits for the rollout.
+    pub fn upgrade(&self, tag: &str) {
+        run(self
+            .helm()
+            .args(["upgrade", "--install", self.name])
+            .arg(repo().join("manifests/helm/cds-secret-guard"))
+            .args(["--create-namespace", "--wait", "--timeout", "3m"])
+            .args(["--set", &format!("image.tag={tag}"), "--set", "image.pullPolicy=Never"]));
+    }
+
+    /// The guard's pods: name, node, ready.
+    pub fn pods(&self) -> Vec<(String, String, bool)> {
+        let pods = kubectl_json(&["-n", self.namespace, "get", "pods", "-l", GUARD_PODS]);
+        pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|pod| {
+                let ready = pod["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                (
+                    pod["metadata"]["name"].as_str().unwrap().to_owned(),
+                    pod["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
+                    ready,
+                )
+            })
+            .collect()
+    }
+
+    /// Every guard pod's log (`kubectl logs`: through the apiserver and the kubelet).
+    pub fn logs(&self) -> Vec<(String, String)> {
+        self.pods()
+            .into_iter()
+            .map(|(pod, _, _)| {
+                let output = run(kubectl().args(["-n", self.namespace, "logs", &pod, "--tail=-1"]));
+                (pod, stdout(&output))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let output = self
+            .helm()
+            .args(["uninstall", self.name, "--ignore-not-found", "--wait"])
+            .output()
+            .unwrap();
+        if !output.status.success() && !std::thread::panicking() {
+            panic!("helm uninstall: {}", String::from_utf8_lossy(&output.stderr));
+        }
+    }
+}
+
+/// Audit lines (JSON) in a guard pod's log about `secret`.
+pub fn audit_lines(log: &str, secret: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["audit"] == true && line["secret"] == secret)
+        .collect()
+}
+
+/// Waits until the namespace's `default` service account exists: with a node, pods are
+/// admitted only once it does (the ServiceAccount admission plugin).
+pub async fn default_service_account(namespace: &str) {
+    eventually("the default service account", Duration::from_secs(30), || {
+        let output = kubectl()
+            .args(["-n", namespace, "get", "serviceaccount", "default", "-o", "name"])
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        output.status.success().then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,196 @@
+//! Run it as shipped: the image built from the Dockerfile, on a real node (containerd,
+//! kubelet, kube-scheduler, kube-proxy), installed with the Helm chart as the README says,
+//! against the failure the project exists for, seen as its users see it: a worker pod
+//! stuck in `CreateContainerConfigError` because a cleanup deleted its secret.
+//!
+//! Not part of `cargo test --all-targets` (`test = false` in Cargo.toml): it needs the
+//! node, which schedules and runs every pod of the cluster, so `make test` runs it after
+//! the other suites, with `cargo test --test shipped`. It fails when the node cannot start.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../e2e/harness.rs"]
+mod harness;
+mod install;
+mod seed;
+
+use std::time::Duration;
+
+use harness::{TestNamespace, apiserver_audit, kubectl};
+use install::{
+    IMAGE, Release, VERSION, audit_lines, default_service_account, docker, eventually, kubectl_json, run, stdout,
+};
+use kube::api::DeleteParams;
+use serde_json::json;
+
+/// `make image` builds the Dockerfile; the image runs the binary, as non-root, on a
+/// read-only root filesystem, and holds no shell.
+#[test]
+fn the_image_runs_the_binary_as_non_root() {
+    install::image();
+    for tag in [VERSION, "dev"] {
+        let image = format!("{IMAGE}:{tag}");
+        let version = run(docker().args(["run", "--rm", "--read-only", "--network=none", &image, "--version"]));
+        assert_eq!(stdout(&version), format!("cds-secret-guard {VERSION}"), "{image}");
+        let user = run(docker().args(["image", "inspect", "-f", "{{.Config.User}}", &image]));
+        assert_eq!(stdout(&user), "65532:65532", "{image} runs as nonroot");
+        let shell = docker()
+            .args([
+                "run",
+                "--rm",
+                "--network=none",
+                "--entrypoint",
+                "/bin/sh",
+                &image,
+                "-c",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert!(!shell.status.success(), "{image} has a shell");
+    }
+}
+
+/// The node is Ready and runs a plain pod to completion.
+#[tokio::test]
+async fn a_plain_pod_runs_to_completion_on_the_node() {
+    install::node();
+    let node = kubectl_json(&["get", "node", "cds-guard-node"]);
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    assert!(ready, "node not Ready: {:#}", node["status"]["conditions"]);
+
+    let ns = TestNamespace::new("node-plain").await;
+    default_service_account(&ns.name).await;
+    ns.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "plain"}},
+            "spec": {{"restartPolicy": "Never", "containers": [{{"name": "c", "image": "{}",
+            "imagePullPolicy": "Never", "command": ["sh", "-c", "echo ran on $NODE"],
+            "env": [{{"name": "NODE", "valueFrom": {{"fieldRef": {{"fieldPath": "spec.nodeName"}}}}}}]}}]}}}}"#,
+        seed::WORKER_IMAGE
+    ));
+    let name = ns.name.clone();
+    eventually("the plain pod Succeeded", Duration::from_secs(60), || {
+        let pod = kubectl_json(&["-n", &name, "get", "pod", "plain"]);
+        (pod["status"]["phase"] == "Succeeded").then_some(())
+    })
+    .await;
+    let log = run(kubectl().args(["-n", &ns.name, "logs", "plain"]));
+    assert_eq!(stdout(&log), "ran on cds-guard-node");
+}
+
+/// The seed's failure without the guard, then the guard installed from the chart on the
+/// node: its pods decide deletes, and every worker of the same race runs to completion.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
+    install::node();
+    let spawns = seed::Spawns {
+        workers: 24,
+        every: Duration::from_millis(250),
+        list_lag: Duration::from_millis(500),
+    };
+
+    // Without the guard: the stale cleanup deletes secrets of workers about to start.
+    let open = TestNamespace::new("seed-open").await;
+    default_service_account(&open.name).await;
+    let unguarded = seed::run(&open, &spawns).await;
+    println!("without the guard: {unguarded:?}");
+    assert_eq!(unguarded.workers, spawns.workers);
+    assert!(unguarded.deleted > 0, "the stale cleanup deleted nothing");
+    assert!(
+        !unguarded.config_errors.is_empty(),
+        "no worker lost its secret without the guard: the race was not reproduced, so the guarded run would prove nothing"
+    );
+    for worker in &unguarded.config_errors {
+        assert!(
+            unguarded.missing_secret_events.contains_key(worker),
+            "{worker} is in CreateContainerConfigError without the kubelet's event naming its secret"
+        );
+    }
+
+    // Installed as users install it.
+    let release = Release::install(VERSION);
+    let pods = release.pods();
+    assert_eq!(pods.len(), 2, "two replicas: {pods:?}");
+    for (pod, node, ready) in &pods {
+        assert_eq!(node, "cds-guard-node", "{pod} runs on the node");
+        assert!(ready, "{pod} ready");
+    }
+    let webhook = kubectl_json(&["get", "validatingwebhookconfiguration", release.name]);
+    assert_eq!(
+        webhook["webhooks"][0]["clientConfig"]["service"],
+        json!({"namespace": release.namespace, "name": release.name, "path": "/validate", "port": 443}),
+        "the apiserver calls the guard through its Service"
+    );
+
+    // A young worker secret: the pods refuse its delete; their logs and the apiserver's
+    // audit log say so.
+    let probe = TestNamespace::new("guard-probe").await;
+    probe.worker_secret("probe").await;
+    let refusal = probe
+        .delete_secret("cds-worker-config-probe", &DeleteParams::default())
+        .await
+        .expect_err("a young worker secret's delete is refused");
+    assert!(
+        refusal.message.contains("cannot be deleted within 10m of creation"),
+        "{}",
+        refusal.message
+    );
+    let answered = eventually(
+        "a guard pod's audit line for the refusal",
+        Duration::from_secs(10),
+        || {
+            release.logs().into_iter().find(|(_, log)| {
+                audit_lines(log, "cds-worker-config-probe")
+                    .iter()
+                    .any(|l| l["decision"] == "deny")
+            })
+        },
+    )
+    .await;
+    println!("the refusal was decided by pod {}", answered.0);
+    let annotated = apiserver_audit().into_iter().any(|event| {
+        event["verb"] == "delete"
+            && event["objectRef"]["name"] == "cds-worker-config-probe"
+            && event["annotations"]["secret-deletes.cds-secret-guard.io/reason"] == "too-young"
+    });
+    assert!(annotated, "the apiserver's audit log carries the guard's annotations");
+
+    // The same race with the guard: every worker runs to completion.
+    let ns = TestNamespace::new("seed-guarded").await;
+    default_service_account(&ns.name).await;
+    let guarded = seed::run(&ns, &spawns).await;
+    println!("with the guard: {guarded:?}");
+    assert!(
+        guarded.config_errors.is_empty(),
+        "workers lost their secret: {:?}",
+        guarded.config_errors
+    );
+    assert_eq!(guarded.completed.len(), spawns.workers);
+    assert!(
+        guarded.refused > 0,
+        "the cleanup never tried a live worker's secret: the guard was not tested"
+    );
+    assert_eq!(
+        guarded.deleted, 0,
+        "the cleanup deleted a live worker's secret through the guard"
+    );
+    // Once the pods go, the garbage collector removes their secrets, through the guard.
+    seed::delete_pods(&ns).await;
+    let ns_name = ns.name.clone();
+    eventually("the worker secrets collected", Duration::from_secs(60), || {
+        let secrets = kubectl_json(&[
+            "-n",
+            &ns_name,
+            "get",
+            "secrets",
+            "-l",
+            "CDS_HATCHERY_NAME=hatchery-seed",
+        ]);
+        secrets["items"].as_array().unwrap().is_empty().then_some(())
+    })
+    .await;
+    drop(release);
+}
