@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Runs the guard against the local control plane, the way it runs outside a cluster:
+# `make run`: the guard as users run it, on the local control plane with its node.
 #
-#   hack/local.sh up     build what is missing, start the control plane and the guard,
-#                        register the webhooks, print what to try
-#   hack/local.sh down   unregister, stop the guard and the control plane
+#   hack/local.sh up          the control plane and its node (cluster.sh up --node), the
+#                             image (make image) loaded onto the node, the Helm chart
+#                             installed from it (two replicas behind their Service), then
+#                             what to try
+#   hack/local.sh up --host   the guard as a process on the host instead (no node, no
+#                             image: faster), registered by URL, as a service account
+#                             bound to manifests/base/rbac.yaml (its token lasts 24 h)
+#   hack/local.sh down        the webhooks first (they fail closed), then the guard and
+#                             the control plane
 #
-# Certificates go to certs/ (git-ignored); the rest lives in target/local/: guard.log,
-# guard.pid, webhooks.yaml, and guard.kubeconfig (the guard's service account, bound to
-# manifests/base/rbac.yaml; its token lasts 24 h: run `make run` again after that).
-# Env: CDS_GUARD_GRACE_PERIOD (default 10m here too), CDS_GUARD_LISTEN (127.0.0.1:8443),
-# CDS_GUARD_PROBE_LISTEN (127.0.0.1:8080).
+# Host mode: certificates in certs/ (git-ignored), the rest in target/local/ (guard.log,
+# guard.pid, webhooks.yaml, guard.kubeconfig). Env: CDS_GUARD_GRACE_PERIOD (default 10m
+# here too), CDS_GUARD_LISTEN (127.0.0.1:8443), CDS_GUARD_PROBE_LISTEN (127.0.0.1:8080).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,8 +21,10 @@ state="$repo/target/local"
 certs="$repo/certs"
 guard="$repo/target/release/cds-secret-guard"
 cluster="$repo/tests/controlplane/cluster.sh"
+helm="$repo/target/tools/bin/helm"
 listen="${CDS_GUARD_LISTEN:-127.0.0.1:8443}"
 probes="${CDS_GUARD_PROBE_LISTEN:-127.0.0.1:8080}"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml" | head -n1)"
 
 log() { echo "local.sh: $*" >&2; }
 
@@ -30,18 +36,60 @@ guard_pid() { # the recorded pid, if that process is alive and is our guard
 	echo "$pid"
 }
 
+stop_host_guard() {
+	local pid
+	if pid="$(guard_pid)"; then
+		kill -TERM "$pid"
+		while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+		log "guard stopped (pid $pid)"
+	fi
+	rm -f "$state/guard.pid"
+}
+
+# The real thing: node, image, chart.
 up() {
+	local t0=$SECONDS
+	"$cluster" up --node
+	eval "$("$cluster" env)"
+	stop_host_guard
+	"$repo/tests/tools/build.sh" >/dev/null
+	"$repo/hack/image.sh"
+	"$cluster" image-load "cds-secret-guard:$version"
+	log "installing the chart (image cds-secret-guard:$version, two replicas)"
+	"$helm" upgrade --install cds-secret-guard "$repo/manifests/helm/cds-secret-guard" \
+		--namespace cds-secret-guard --create-namespace \
+		--set image.tag="$version" --set image.pullPolicy=Never --wait --timeout 3m >/dev/null
+	kubectl -n cds-secret-guard get pods -o wide
+	log "ready in $((SECONDS - t0))s"
+
+	cat <<TRY
+
+The guard runs as two pods on the local node and protects cds-worker-config-* secrets.
+Try:
+
+  eval "\$($cluster env)"
+  kubectl create namespace demo
+  kubectl -n demo create secret generic cds-worker-config-w1 --from-literal=CDS_CONFIG=token
+  kubectl -n demo delete secret cds-worker-config-w1        # refused: too young
+  kubectl -n demo run w1 --image=local/busybox:1.35.0 --image-pull-policy=Never --restart=Never \\
+      --overrides='{"spec":{"containers":[{"name":"w1","image":"local/busybox:1.35.0","imagePullPolicy":"Never","command":["sh","-c","echo \$CDS_CONFIG; sleep 600"],"envFrom":[{"secretRef":{"name":"cds-worker-config-w1"}}]}]}}'
+  kubectl -n demo get pod w1 --show-labels                   # Running, CDS_WORKER_NAME=w1 injected
+  kubectl -n demo get secret cds-worker-config-w1 -o jsonpath='{.metadata.ownerReferences}'
+  kubectl -n cds-secret-guard logs -l app.kubernetes.io/name=cds-secret-guard   # JSON audit lines
+  curl -s http://\$(kubectl -n cds-secret-guard get pod -l app.kubernetes.io/name=cds-secret-guard -o jsonpath='{.items[0].status.podIP}'):8080/metrics
+
+Stop everything with: hack/local.sh down   (or: make down)
+TRY
+}
+
+# A guard process on the host, registered by URL.
+up_host() {
 	mkdir -p "$state"
 	log "building the guard (release)"
 	(cd "$repo" && cargo build --release --locked --quiet)
 	"$cluster" up
 	eval "$("$cluster" env)"
-
-	if pid="$(guard_pid)"; then
-		log "guard already running (pid $pid), restarting it with this build"
-		kill -TERM "$pid"
-		while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-	fi
+	stop_host_guard
 	"$guard" certs --out "$certs" --host 127.0.0.1 --host localhost >/dev/null
 	# The guard runs as its service account, with the shipped role and nothing more.
 	kubectl create namespace cds-secret-guard --dry-run=client -o yaml | kubectl apply -f - >/dev/null
@@ -65,15 +113,13 @@ up() {
 
 	cat <<TRY
 
-The guard protects cds-worker-config-* secrets on the local control plane. Try:
+The guard protects cds-worker-config-* secrets on the local control plane (no node: pods
+stay Pending). Try:
 
   eval "\$($cluster env)"
   kubectl create namespace demo
   kubectl -n demo create secret generic cds-worker-config-w1 --from-literal=CDS_CONFIG=token
   kubectl -n demo delete secret cds-worker-config-w1        # refused: too young
-  kubectl -n demo run w1 --image=ovhcom/cds-worker --restart=Never \\
-      --overrides='{"spec":{"containers":[{"name":"w1","image":"ovhcom/cds-worker","envFrom":[{"secretRef":{"name":"cds-worker-config-w1"}}]}]}}'
-  kubectl -n demo get pod w1 --show-labels                   # CDS_WORKER_NAME=w1 injected
   tail -f $state/guard.log                                   # JSON audit lines
   curl -s http://$probes/metrics
 
@@ -84,23 +130,23 @@ TRY
 down() {
 	if [[ -f "$repo/target/controlplane/kubeconfig" ]] && "$cluster" status >/dev/null 2>&1; then
 		eval "$("$cluster" env)"
+		# The webhooks fail closed: they go before the guard does.
+		if [[ -x "$helm" ]]; then
+			"$helm" uninstall cds-secret-guard -n cds-secret-guard --ignore-not-found --wait >/dev/null 2>&1 || true
+		fi
 		kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard \
 			--ignore-not-found --wait=false >/dev/null 2>&1 || true
 	fi
-	if pid="$(guard_pid)"; then
-		kill -TERM "$pid"
-		while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-		log "guard stopped (pid $pid)"
-	fi
-	rm -f "$state/guard.pid"
+	stop_host_guard
 	"$cluster" down
 }
 
-case "${1:-}" in
-up) up ;;
-down) down ;;
+case "${1:-} ${2:-}" in
+"up ") up ;;
+"up --host") up_host ;;
+"down ") down ;;
 *)
-	echo "usage: $0 up|down" >&2
+	echo "usage: $0 up [--host] | down" >&2
 	exit 2
 	;;
 esac
