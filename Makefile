@@ -16,7 +16,7 @@ down: ## Stop the guard and the local control plane
 
 .PHONY: test
 test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-end against the real control plane, chart and alerts, then the image, the node and the chart installed on it
-	tests/controlplane/cluster.sh up
+	tests/controlplane/cluster.sh up --no-node
 	tests/tools/build.sh
 	cargo test --locked --all-targets
 	tests/controlplane/cluster.sh up --node

@@ -6,9 +6,11 @@
 # --node, a real node too (node.sh): containerd, kubelet, kube-scheduler and
 # kube-proxy on the host, so pods run.
 #
-#   cluster.sh up [--ha|--node]   build (cached) and start; idempotent. --node on a
-#                          running control plane adds the node to it (restarting the
-#                          apiserver and the controller-manager with the node's flags)
+#   cluster.sh up [--ha|--node|--no-node]   build (cached) and start; idempotent
+#                          (a node that runs is kept). --node on a running control
+#                          plane adds the node, --no-node removes it (each restarts the
+#                          apiserver and the controller-manager with or without the
+#                          node's flags)
 #   cluster.sh down        stop what `up` started (any mode), remove etcd data; fails
 #                          if the node left a process, mount, namespace or bridge
 #   cluster.sh image-load NAME:TAG
@@ -525,16 +527,17 @@ cmd_up() {
 	"" | 0 | [fF]alse | FALSE | [nN]o | NO | [oO]ff | OFF) ;;
 	*) die "CDS_CP_HA='$CDS_CP_HA': use 1 (HA) or 0 (single)" ;;
 	esac
-	local want_node=0
+	local want_node="" # 1: with a node, 0: without, empty: keep what runs
 	while (($# > 0)); do
 		case "$1" in
 		--ha) want=ha ;;
 		--node) want_node=1 ;;
-		*) die "up: unknown argument '$1' (usage: up [--ha|--node])" ;;
+		--no-node) want_node=0 ;;
+		*) die "up: unknown argument '$1' (usage: up [--ha|--node|--no-node])" ;;
 		esac
 		shift
 	done
-	if [[ "$want" == ha ]] && ((want_node)); then die "up: a node is made for the single control plane, not with --ha"; fi
+	if [[ "$want" == ha && "$want_node" == 1 ]]; then die "up: a node is made for the single control plane, not with --ha"; fi
 	"$here/build.sh"
 	mkdir -p "$logs" "$run"
 	# Serialize up/down: two at once would start everything twice.
@@ -547,7 +550,7 @@ cmd_up() {
 	if ((running == 0)); then
 		rm -f "$run"/*.pid "$run/ports.env" # stale from a crash or reboot
 		load_ports
-		node=$want_node
+		node=${want_node:-0}
 		set_mode "$want"
 		# Check every port before starting anything, so a clash leaves nothing behind.
 		local ports=()
@@ -571,11 +574,17 @@ cmd_up() {
 		if [[ "$mode" != "$want" ]]; then
 			die "a control plane in $mode mode is running; run \`$0 down\` first, then \`$0 up$([[ $want == ha ]] && echo ' --ha')\`"
 		fi
-		if ((want_node)) && ! node_enabled; then
+		if [[ -n "$want_node" && "$want_node" != "$node" ]]; then
 			# The node's flags: restart the apiserver and the controller-manager with
-			# them (etcd keeps the cluster's objects).
-			log "adding a node: restarting kube-apiserver and kube-controller-manager with its flags"
-			node=1
+			# or without them (etcd keeps the cluster's objects).
+			if ((want_node)); then
+				log "adding a node: restarting kube-apiserver and kube-controller-manager with its flags"
+			else
+				log "removing the node: restarting kube-apiserver and kube-controller-manager without its flags"
+				node_down
+				[[ -z "$node_leftovers" ]] || die "the node left behind: $node_leftovers"
+			fi
+			node=$want_node
 			set_mode "$mode"
 			save_ports
 			stop kube-controller-manager "${apiservers[@]}"

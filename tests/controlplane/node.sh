@@ -331,7 +331,8 @@ node_down() {
 	local k=("$bin/kubectl" --kubeconfig "$kubeconfig" --request-timeout=5s)
 	if pid_of kubelet >/dev/null && [[ -f "$kubeconfig" ]]; then
 		"${k[@]}" cordon "$node_name" >/dev/null 2>&1 || true
-		"${k[@]}" delete pods --all-namespaces --all --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+		"${k[@]}" delete pods --all-namespaces --field-selector "spec.nodeName=$node_name" \
+			--grace-period=0 --force --wait=false >/dev/null 2>&1 || true
 		local i
 		for i in $(seq 60); do
 			[[ -z "$(ctr_k8s containers ls -q 2>/dev/null)" ]] && break
@@ -339,6 +340,10 @@ node_down() {
 		done
 	fi
 	stop kube-scheduler kubelet kube-proxy
+	# The Node object goes with its kubelet: a later node registers anew, schedulable.
+	if [[ -f "$kubeconfig" ]]; then
+		"${k[@]}" delete node "$node_name" --ignore-not-found >/dev/null 2>&1 || true
+	fi
 	if pid_of containerd >/dev/null; then
 		local id
 		for id in $(ctr_k8s tasks ls -q 2>/dev/null); do ctr_k8s tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
@@ -380,10 +385,10 @@ node_iptables_clean() {
 	for tool in iptables ip6tables; do
 		command -v "$tool" >/dev/null || continue
 		for table in filter nat mangle; do
-			"$tool" -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | while read -r rule; do
-				# shellcheck disable=SC2086 # a rule is its words
-				"$tool" -t "$table" ${rule/#-A/-D} 2>/dev/null || true
-			done
+			while read -r rule; do
+				# eval: iptables -S quotes a rule's comment as the shell would.
+				eval "\"\$tool\" -t \"\$table\" ${rule/#-A/-D}" 2>/dev/null || true
+			done < <("$tool" -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-')
 			for chain in $("$tool" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
 				"$tool" -t "$table" -F "$chain" 2>/dev/null || true
 			done
