@@ -131,36 +131,46 @@ impl Release {
 
     /// The guard's pods: name, node, ready.
     pub fn pods(&self) -> Vec<(String, String, bool)> {
-        let pods = kubectl_json(&["-n", self.namespace, "get", "pods", "-l", GUARD_PODS]);
-        pods["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|pod| {
-                let ready = pod["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
-                (
-                    pod["metadata"]["name"].as_str().unwrap().to_owned(),
-                    pod["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
-                    ready,
-                )
-            })
-            .collect()
+        guard_pods(self.namespace)
     }
 
-    /// Every guard pod's log (`kubectl logs`: through the apiserver and the kubelet).
+    /// Every guard pod's log.
     pub fn logs(&self) -> Vec<(String, String)> {
-        self.pods()
-            .into_iter()
-            .map(|(pod, _, _)| {
-                let output = run(kubectl().args(["-n", self.namespace, "logs", &pod, "--tail=-1"]));
-                (pod, stdout(&output))
-            })
-            .collect()
+        guard_logs(self.namespace)
     }
+}
+
+/// The guard's pods in `namespace`: name, node, ready.
+pub fn guard_pods(namespace: &str) -> Vec<(String, String, bool)> {
+    let pods = kubectl_json(&["-n", namespace, "get", "pods", "-l", GUARD_PODS]);
+    pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pod| {
+            let ready = pod["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            (
+                pod["metadata"]["name"].as_str().unwrap().to_owned(),
+                pod["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
+                ready,
+            )
+        })
+        .collect()
+}
+
+/// Every guard pod's log (`kubectl logs`: through the apiserver and the kubelet).
+pub fn guard_logs(namespace: &str) -> Vec<(String, String)> {
+    guard_pods(namespace)
+        .into_iter()
+        .map(|(pod, _, _)| {
+            let output = run(kubectl().args(["-n", namespace, "logs", &pod, "--tail=-1"]));
+            (pod, stdout(&output))
+        })
+        .collect()
 }
 
 impl Drop for Release {
@@ -196,4 +206,77 @@ pub async fn default_service_account(namespace: &str) {
         output.status.success().then_some(())
     })
     .await;
+}
+
+/// The guard installed with kustomize as the README says: `cds-secret-guard certs` into
+/// the tls-secret overlay, then `kubectl apply -k` of an overlay of it that only sets the
+/// image (`images:`) and its pull policy. Deleted when dropped, webhooks first.
+pub struct Kustomized {
+    overlay: std::path::PathBuf,
+}
+
+impl Kustomized {
+    pub fn install(tag: &str) -> Self {
+        run(Command::new(env!("CARGO_BIN_EXE_cds-secret-guard"))
+            .args(["certs", "--out"])
+            .arg(repo().join("manifests/overlays/tls-secret/certs"))
+            .args(["--host", "cds-secret-guard.cds-secret-guard.svc"]));
+        let overlay = repo().join("target/shipped/kustomize");
+        std::fs::create_dir_all(&overlay).unwrap();
+        std::fs::write(
+            overlay.join("kustomization.yaml"),
+            format!(
+                r#"apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../../../manifests/overlays/tls-secret
+images:
+  - name: cds-secret-guard
+    newTag: "{tag}"
+patches:
+  - target: {{kind: Deployment, name: cds-secret-guard}}
+    patch: |-
+      - op: add
+        path: /spec/template/spec/containers/0/imagePullPolicy
+        value: Never
+"#
+            ),
+        )
+        .unwrap();
+        let installed = Self { overlay };
+        run(kubectl().arg("apply").arg("-k").arg(&installed.overlay));
+        run(kubectl().args([
+            "-n",
+            "cds-secret-guard",
+            "rollout",
+            "status",
+            "deployment/cds-secret-guard",
+            "--timeout=180s",
+        ]));
+        installed
+    }
+}
+
+impl Drop for Kustomized {
+    fn drop(&mut self) {
+        // The webhooks fail closed: they go first (README, Uninstall).
+        let _ = kubectl()
+            .args([
+                "delete",
+                "validatingwebhookconfiguration,mutatingwebhookconfiguration",
+                "cds-secret-guard",
+            ])
+            .args(["--ignore-not-found"])
+            .output();
+        let output = kubectl()
+            .arg("delete")
+            .arg("-k")
+            .arg(&self.overlay)
+            .args(["--ignore-not-found", "--wait"])
+            .output()
+            .unwrap();
+        if !output.status.success() && !std::thread::panicking() {
+            panic!("kubectl delete -k: {}", String::from_utf8_lossy(&output.stderr));
+        }
+    }
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use harness::{TestNamespace, apiserver_audit, kubectl};
 use install::{
-    IMAGE, Release, VERSION, audit_lines, default_service_account, docker, eventually, kubectl_json, run, stdout,
+    IMAGE, Kustomized, Release, VERSION, audit_lines, default_service_account, docker, eventually, guard_logs,
+    guard_pods, kubectl_json, run, stdout,
 };
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -193,4 +194,43 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
     })
     .await;
     drop(release);
+
+    // The same guard from the kustomize manifests.
+    kustomize_install_decides_from_its_pods().await;
+}
+
+/// The kustomize install (the tls-secret overlay) runs on the node too and decides a
+/// delete from its pods.
+async fn kustomize_install_decides_from_its_pods() {
+    let installed = Kustomized::install(VERSION);
+    let pods = guard_pods("cds-secret-guard");
+    assert_eq!(pods.len(), 2, "two replicas: {pods:?}");
+    assert!(
+        pods.iter().all(|(_, node, ready)| node == "cds-guard-node" && *ready),
+        "{pods:?}"
+    );
+    let probe = TestNamespace::new("kustomize-probe").await;
+    probe.worker_secret("probe").await;
+    let refusal = probe
+        .delete_secret("cds-worker-config-probe", &DeleteParams::default())
+        .await
+        .expect_err("a young worker secret's delete is refused");
+    assert!(
+        refusal.message.contains("cannot be deleted within 10m of creation"),
+        "{}",
+        refusal.message
+    );
+    eventually(
+        "a kustomize-installed pod's audit line",
+        Duration::from_secs(10),
+        || {
+            guard_logs("cds-secret-guard").into_iter().find(|(_, log)| {
+                audit_lines(log, "cds-worker-config-probe")
+                    .iter()
+                    .any(|l| l["decision"] == "deny")
+            })
+        },
+    )
+    .await;
+    drop(installed);
 }
