@@ -67,7 +67,24 @@ pub fn node() {
             run(Command::new(&cluster).args(["image-load", &format!("{IMAGE}:{tag}")]));
         }
         harness::control_plane();
+        clear_e2e_leftovers();
     });
+}
+
+/// The e2e suites run the guard on the host as its shipped role: they leave the base's
+/// RBAC (applied with kubectl) and the `check` account behind, which a user's cluster
+/// would not have and which Helm refuses to adopt.
+fn clear_e2e_leftovers() {
+    run(kubectl()
+        .args(["-n", "cds-secret-guard", "delete", "--ignore-not-found", "--wait", "-f"])
+        .arg(repo().join("manifests/base/rbac.yaml")));
+    run(kubectl().args([
+        "delete",
+        "--ignore-not-found",
+        "--wait",
+        "clusterrolebinding/cds-secret-guard-check",
+        "namespace/cds-secret-guard",
+    ]));
 }
 
 pub fn kubectl_json(args: &[&str]) -> Value {
