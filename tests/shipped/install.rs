@@ -1,6 +1,8 @@
 //! What a user runs: the image built from the Dockerfile (`make image`), the node of
 //! `cluster.sh up --node`, and the guard installed on it with Helm or kustomize.
 
+#![allow(dead_code)] // shared with tests/soak, which uses part of it
+
 use std::{
     path::Path,
     process::{Command, Output, Stdio},
@@ -10,7 +12,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::harness::{self, kubectl};
+use crate::harness::{self, TestNamespace, kubectl};
 
 /// The guard's version: the image's tag and the chart's appVersion.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -295,5 +297,31 @@ impl Drop for Kustomized {
         if !output.status.success() && !std::thread::panicking() {
             panic!("kubectl delete -k: {}", String::from_utf8_lossy(&output.stderr));
         }
+    }
+}
+
+/// Deletes `secret` until the guard refuses it, and returns the refusal. The Service's
+/// data path (kube-proxy's rules) follows the pods' readiness by a moment; until then the
+/// apiserver cannot call the guard and, failing closed, refuses the delete itself.
+pub async fn refused_by_the_guard(ns: &TestNamespace, secret: &str) -> Box<kube::core::Status> {
+    let started = Instant::now();
+    loop {
+        let refusal = ns
+            .delete_secret(secret, &kube::api::DeleteParams::default())
+            .await
+            .expect_err("the delete is refused");
+        if !refusal.message.contains("failed calling webhook") {
+            println!(
+                "the guard answered through its Service {:?} after the first try",
+                started.elapsed()
+            );
+            return refusal;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the guard is not reachable through its Service after 30 s: {}",
+            refusal.message
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

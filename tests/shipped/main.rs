@@ -20,7 +20,6 @@ use install::{
     IMAGE, Kustomized, Release, VERSION, audit_lines, default_service_account, docker, eventually, guard_logs,
     guard_pods, kubectl_json, run, stdout,
 };
-use kube::api::DeleteParams;
 use serde_json::json;
 
 /// `make image` builds the Dockerfile; the image runs the binary, as non-root, on a
@@ -130,10 +129,7 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
     // audit log say so.
     let probe = TestNamespace::new("guard-probe").await;
     probe.worker_secret("probe").await;
-    let refusal = probe
-        .delete_secret("cds-worker-config-probe", &DeleteParams::default())
-        .await
-        .expect_err("a young worker secret's delete is refused");
+    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
     assert!(
         refusal.message.contains("cannot be deleted within 10m of creation"),
         "{}",
@@ -211,10 +207,7 @@ async fn kustomize_install_decides_from_its_pods() {
     );
     let probe = TestNamespace::new("kustomize-probe").await;
     probe.worker_secret("probe").await;
-    let refusal = probe
-        .delete_secret("cds-worker-config-probe", &DeleteParams::default())
-        .await
-        .expect_err("a young worker secret's delete is refused");
+    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
     assert!(
         refusal.message.contains("cannot be deleted within 10m of creation"),
         "{}",
