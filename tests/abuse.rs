@@ -24,9 +24,9 @@ use std::{
 
 use bytes::Bytes;
 use cds_secret_guard::{Server, certs, config::Limits};
-use common::*;
+use common::{attack::*, *};
 use rustls::{
-    ClientConfig, RootCertStore, SupportedProtocolVersion,
+    ClientConfig, RootCertStore,
     pki_types::{CertificateDer, ServerName, pem::PemObject},
 };
 use serde_json::Value;
@@ -35,7 +35,7 @@ use tokio::{
     net::TcpStream,
     time::{Instant, sleep, timeout},
 };
-use tokio_rustls::{TlsConnector, client::TlsStream};
+use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 /// Deadline of a whole request in the in-process servers.
@@ -155,27 +155,6 @@ async fn assert_answered(addr: SocketAddr, ca_dir: &Path) -> Duration {
 
 // === raw TLS, HTTP/1.1 and HTTP/2 ===
 
-fn tls_config(ca_dir: &Path, versions: &[&'static SupportedProtocolVersion], alpn: &[&[u8]]) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_file(ca_dir.join("ca.crt")).unwrap())
-        .unwrap();
-    let mut config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_protocol_versions(versions)
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Arc::new(config)
-}
-
-async fn tls_connect(addr: SocketAddr, config: Arc<ClientConfig>) -> std::io::Result<TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(addr).await?;
-    TlsConnector::from(config)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-}
-
 /// An HTTP/2 connection made with the h2 crate; its driver runs in the returned task.
 async fn h2_connect(
     guard: &Guard,
@@ -214,13 +193,6 @@ fn status_of(bytes: &[u8]) -> Option<u16> {
     let text = std::str::from_utf8(bytes).ok()?;
     text.find("\r\n\r\n")?;
     text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
-}
-
-/// The head of an HTTP/1.1 POST of `length` bytes to `/validate`.
-fn post_head(length: usize) -> String {
-    format!(
-        "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
-    )
 }
 
 /// Reads one HTTP/1.1 response with a Content-Length; returns its status and body.
@@ -627,48 +599,6 @@ async fn thousands_of_idle_connections_wait_their_turn_and_are_closed() {
 }
 
 // === 4. HTTP/2 streams ===
-
-/// An HTTP/2 frame: type, flags, stream id and payload.
-type Frame = (u8, u8, u32, Vec<u8>);
-
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const CONTINUATION: u8 = 0x9;
-const END_HEADERS: u8 = 0x4;
-const ACK: u8 = 0x1;
-const REFUSED_STREAM: u32 = 0x7;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let length = u32::try_from(payload.len()).unwrap().to_be_bytes();
-    let mut frame = length[1..].to_vec();
-    frame.extend([kind, flags]);
-    frame.extend(stream.to_be_bytes());
-    frame.extend(payload);
-    frame
-}
-
-async fn read_frame(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Frame> {
-    let mut head = [0; 9];
-    stream.read_exact(&mut head).await?;
-    let length = usize::try_from(u32::from_be_bytes([0, head[0], head[1], head[2]])).unwrap();
-    let mut payload = vec![0; length];
-    stream.read_exact(&mut payload).await?;
-    let id = u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff;
-    Ok((head[3], head[4], id, payload))
-}
-
-/// A POST to /validate as an HPACK block, literals only: `:method POST`, `:scheme https`,
-/// `:path /validate`, `:authority localhost`; no END_STREAM, so the body is still to come.
-fn post_headers_block() -> Vec<u8> {
-    let mut block = vec![0x83, 0x87, 0x04, 9];
-    block.extend(b"/validate");
-    block.extend([0x01, 9]);
-    block.extend(b"localhost");
-    block
-}
 
 /// Opens far more streams than `max_streams` on one connection, by hand (a conforming
 /// client would not): the server refuses every stream past the limit and answers the
@@ -1164,122 +1094,6 @@ fn unread_bytes(port: u16) -> u64 {
 
 // === 8. memory ===
 
-/// What the server said it accepts on an HTTP/2 connection.
-struct Http2Settings {
-    max_streams: u32,
-    stream_window: u32,
-    connection_window: u32,
-    max_frame: u32,
-    max_header_list: u32,
-}
-
-/// Starts HTTP/2 by hand and learns the server's settings: everything it sends before it
-/// answers a PING, which includes its SETTINGS and the connection's WINDOW_UPDATE.
-async fn http2_handshake(tls: &mut TlsStream<TcpStream>) -> Http2Settings {
-    const WINDOW_UPDATE: u8 = 0x8;
-    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
-    tls.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
-    tls.write_all(&frame(PING, 0, 0, &[0; 8])).await.unwrap();
-    tls.flush().await.unwrap();
-    let mut settings = Http2Settings {
-        max_streams: u32::MAX,
-        stream_window: 65_535,
-        connection_window: 65_535,
-        max_frame: 16_384,
-        max_header_list: 16_384,
-    };
-    loop {
-        let (kind, flags, stream, payload) = read_frame(tls).await.unwrap();
-        match kind {
-            SETTINGS if flags & ACK == 0 => {
-                for setting in payload.chunks(6) {
-                    let value = u32::from_be_bytes(setting[2..].try_into().unwrap());
-                    match setting[..2] {
-                        [0, 3] => settings.max_streams = value,
-                        [0, 4] => settings.stream_window = value,
-                        [0, 5] => settings.max_frame = value,
-                        [0, 6] => settings.max_header_list = value,
-                        _ => {}
-                    }
-                }
-                tls.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
-            }
-            WINDOW_UPDATE if stream == 0 => {
-                settings.connection_window += u32::from_be_bytes(payload[..4].try_into().unwrap()) & 0x7fff_ffff;
-            }
-            PING if flags & ACK != 0 => return settings,
-            _ => {}
-        }
-    }
-}
-
-/// An HPACK string literal (no Huffman coding): its length as a 7-bit-prefix integer,
-/// then its bytes.
-fn hpack_string(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut length = bytes.len();
-    if length < 127 {
-        out.push(u8::try_from(length).unwrap());
-    } else {
-        out.push(127);
-        length -= 127;
-        while length >= 128 {
-            out.push(u8::try_from(length % 128 + 128).unwrap());
-            length /= 128;
-        }
-        out.push(u8::try_from(length).unwrap());
-    }
-    out.extend(bytes);
-    out
-}
-
-/// Fills what one HTTP/2 connection may make the server hold: `streams` streams (at most
-/// what it allows), each with headers as large as it allows and no body yet, and as much
-/// body data as the flow-control windows let through. Returns the bytes sent.
-async fn fill_http2_connection(tls: &mut TlsStream<TcpStream>, streams: u32) -> usize {
-    let settings = http2_handshake(tls).await;
-    // What the header list size counts for the four pseudo-headers and the padding
-    // header's name (RFC 9113 6.5.2: name, value and 32 bytes per header), rounded up.
-    const OVERHEAD: usize = 256;
-    let padding = vec![b'a'; usize::try_from(settings.max_header_list).unwrap() - OVERHEAD];
-    let mut block = post_headers_block();
-    block.push(0x00); // literal header, new name, not indexed
-    block.extend(hpack_string(b"x-padding"));
-    block.extend(hpack_string(&padding));
-    let streams = settings.max_streams.min(streams);
-    let mut out = Vec::new();
-    let mut connection_window = settings.connection_window;
-    let fragments: Vec<&[u8]> = block.chunks(usize::try_from(settings.max_frame).unwrap()).collect();
-    for stream in (0..streams).map(|n| 2 * n + 1) {
-        // HEADERS, then CONTINUATION frames; the last one ends the header block.
-        for (n, fragment) in fragments.iter().enumerate() {
-            let kind = if n == 0 { HEADERS } else { CONTINUATION };
-            let flags = if n + 1 == fragments.len() { END_HEADERS } else { 0 };
-            out.extend(frame(kind, flags, stream, fragment));
-        }
-        let mut data = settings.stream_window.min(connection_window);
-        connection_window -= data;
-        while data > 0 {
-            let size = data.min(settings.max_frame);
-            out.extend(frame(0x0, 0, stream, &vec![b' '; usize::try_from(size).unwrap()]));
-            data -= size;
-        }
-    }
-    tls.write_all(&out).await.unwrap();
-    tls.flush().await.unwrap();
-    out.len()
-}
-
-/// Sends a request head announcing a body of `body_limit` bytes, then all of the body
-/// but its last 4 KiB, and stalls.
-async fn slow_body(addr: SocketAddr, config: Arc<ClientConfig>, body_limit: usize) -> TlsStream<TcpStream> {
-    let mut tls = tls_connect(addr, config).await.unwrap();
-    tls.write_all(post_head(body_limit).as_bytes()).await.unwrap();
-    tls.write_all(&vec![b' '; body_limit - 4096]).await.unwrap();
-    tls.flush().await.unwrap();
-    tls
-}
-
 /// The real binary with its default limits, under the worst a client can do to its
 /// memory: every request slot holds a body just under the body limit, and every other
 /// connection is HTTP/2 filled to what the server allows (windows, headers; 8 streams
@@ -1317,9 +1131,13 @@ async fn memory_stays_under_the_limit_with_every_connection_and_slot_taken() {
     // Slow bodies take every request slot; every other connection but one (for valid
     // requests) is open and idle.
     let http1 = tls_config(guard.certs(), rustls::DEFAULT_VERSIONS, &[b"http/1.1"]);
-    let mut slow = futures::future::join_all(
-        (0..limits.max_requests).map(|_| slow_body(guard.admission, http1.clone(), limits.body_limit)),
-    )
+    let mut slow = futures::future::join_all((0..limits.max_requests).map(|_| async {
+        slow_body(
+            tls_connect(guard.admission, http1.clone()).await.unwrap(),
+            limits.body_limit,
+        )
+        .await
+    }))
     .await;
     let http2 = tls_config(guard.certs(), rustls::DEFAULT_VERSIONS, &[b"h2"]);
     let others = limits.max_connections - limits.max_requests - 1;
@@ -1344,7 +1162,13 @@ async fn memory_stays_under_the_limit_with_every_connection_and_slot_taken() {
         .expect("a freed slot goes to the waiting request")
         .unwrap();
     println!("valid request under full load answered in {waited:?}");
-    slow.push(slow_body(guard.admission, http1.clone(), limits.body_limit).await);
+    slow.push(
+        slow_body(
+            tls_connect(guard.admission, http1.clone()).await.unwrap(),
+            limits.body_limit,
+        )
+        .await,
+    );
 
     let mut sent = 0;
     for (n, tls) in held.iter_mut().enumerate() {

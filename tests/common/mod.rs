@@ -2,6 +2,8 @@
 //! an in-memory cluster behind the lookup trait, and requests through the router.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod attack;
+
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Mutex, time::Duration};
 
 use async_trait::async_trait;
