@@ -22,6 +22,12 @@ test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-e
 	tests/controlplane/cluster.sh up --node
 	cargo test --locked --test shipped
 
+.PHONY: soak
+soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGKILLed, evictions against the PDB, memory with 10,000 pods and abuse
+	tests/controlplane/cluster.sh up --node
+	tests/tools/build.sh
+	cargo test --locked --test soak -- --nocapture
+
 .PHONY: image
 image: ## Build the image from the Dockerfile with a local engine: cds-secret-guard:<version> and :dev
 	hack/image.sh
@@ -39,7 +45,7 @@ fmt: ## Format the code
 lint: ## Formatting and clippy, as CI checks them
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
-	cargo clippy --locked --test shipped -- -D warnings
+	cargo clippy --locked --test shipped --test soak -- -D warnings
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 .PHONY: controlplane

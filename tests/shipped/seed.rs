@@ -6,6 +6,8 @@
 //! worker secret whose worker was in no listed pod. A worker whose secret goes before
 //! the kubelet has read it never starts: `CreateContainerConfigError`.
 
+#![allow(dead_code)] // shared with tests/soak, which uses part of it
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::{
@@ -47,9 +49,11 @@ pub struct Outcome {
     pub config_errors: BTreeSet<String>,
     /// The kubelet's events naming a worker's missing secret, by worker.
     pub missing_secret_events: BTreeMap<String, String>,
-    /// The cleanup's deletes: done, and refused by the apiserver (the guard).
+    /// The cleanup's deletes: done, refused by the guard, and failed because the
+    /// apiserver could not call the guard (`failurePolicy: Fail`: refused too).
     pub deleted: usize,
     pub refused: usize,
+    pub failed: usize,
 }
 
 fn secret_name(worker: &str) -> String {
@@ -83,14 +87,16 @@ async fn spawn(secrets: &Api<Secret>, pods: &Api<Pod>, worker: &str) {
     pods.create(&PostParams::default(), &pod).await.unwrap();
 }
 
+/// The cleanup's deletes so far, by how they ended.
+#[derive(Default)]
+struct DeleteCounts {
+    deleted: AtomicUsize,
+    refused: AtomicUsize,
+    failed: AtomicUsize,
+}
+
 /// One round of CDS's `deleteSecrets` on a pod list `lag` older than its secret list.
-async fn cleanup_round(
-    pods: &Api<Pod>,
-    secrets: &Api<Secret>,
-    lag: Duration,
-    deleted: &AtomicUsize,
-    refused: &AtomicUsize,
-) {
+async fn cleanup_round(pods: &Api<Pod>, secrets: &Api<Secret>, lag: Duration, counts: &DeleteCounts) {
     let hatchery = ListParams::default().labels(&format!("CDS_HATCHERY_NAME={HATCHERY}"));
     let listed: BTreeSet<String> = pods
         .list_metadata(&hatchery)
@@ -110,8 +116,9 @@ async fn cleanup_round(
         if worker.is_some_and(|w| !listed.contains(w)) {
             let name = secret.metadata.name.unwrap();
             match secrets.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => deleted.fetch_add(1, Ordering::Relaxed),
-                Err(kube::Error::Api(status)) if status.code == 403 => refused.fetch_add(1, Ordering::Relaxed),
+                Ok(_) => counts.deleted.fetch_add(1, Ordering::Relaxed),
+                Err(kube::Error::Api(status)) if status.code == 403 => counts.refused.fetch_add(1, Ordering::Relaxed),
+                Err(kube::Error::Api(status)) if status.code >= 500 => counts.failed.fetch_add(1, Ordering::Relaxed),
                 Err(kube::Error::Api(status)) if status.code == 404 => 0,
                 Err(other) => panic!("cleanup: delete {name}: {other}"),
             };
@@ -130,8 +137,7 @@ pub struct Load {
     reaper: Option<tokio::task::JoinHandle<()>>,
     spawning: Arc<AtomicBool>,
     reaping: Arc<AtomicBool>,
-    deleted: Arc<AtomicUsize>,
-    refused: Arc<AtomicUsize>,
+    counts: Arc<DeleteCounts>,
     reaped: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
@@ -140,7 +146,7 @@ pub fn start(ns: &TestNamespace, spawns: &Spawns, reap: bool) -> Load {
     let workers: Vec<String> = (0..spawns.workers).map(|i| format!("w{i}")).collect();
     let spawning = Arc::new(AtomicBool::new(true));
     let reaping = Arc::new(AtomicBool::new(true));
-    let (deleted, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let counts = Arc::new(DeleteCounts::default());
     let reaped = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
     let spawner = {
         let (secrets, pods, workers, every, spawning) =
@@ -155,11 +161,11 @@ pub fn start(ns: &TestNamespace, spawns: &Spawns, reap: bool) -> Load {
     };
     let cleanup = {
         let (pods, secrets) = (ns.pods(), ns.secrets());
-        let (spawning, deleted, refused) = (spawning.clone(), deleted.clone(), refused.clone());
+        let (spawning, counts) = (spawning.clone(), counts.clone());
         let lag = spawns.list_lag;
         tokio::spawn(async move {
             while spawning.load(Ordering::Relaxed) {
-                cleanup_round(&pods, &secrets, lag, &deleted, &refused).await;
+                cleanup_round(&pods, &secrets, lag, &counts).await;
             }
         })
     };
@@ -185,8 +191,7 @@ pub fn start(ns: &TestNamespace, spawns: &Spawns, reap: bool) -> Load {
         reaper,
         spawning,
         reaping,
-        deleted,
-        refused,
+        counts,
         reaped,
     }
 }
@@ -200,8 +205,9 @@ impl Load {
         self.cleanup.await.unwrap();
         let mut outcome = Outcome {
             workers: self.workers.len(),
-            deleted: self.deleted.load(Ordering::Relaxed),
-            refused: self.refused.load(Ordering::Relaxed),
+            deleted: self.counts.deleted.load(Ordering::Relaxed),
+            refused: self.counts.refused.load(Ordering::Relaxed),
+            failed: self.counts.failed.load(Ordering::Relaxed),
             ..Outcome::default()
         };
         let deadline = Instant::now() + Duration::from_secs(180);

@@ -1,0 +1,517 @@
+//! Operating the guard on the node, as shipped (the image, the chart), each step while a
+//! hatchery spawns workers beside a stale cleanup and reaps them when they are done:
+//! a rolling upgrade, a replica killed with SIGKILL, evictions against the
+//! PodDisruptionBudget, and the memory limit under 10,000 watched worker pods and the
+//! admission port's abuse. No step may lose a secret; each prints its figures.
+//!
+//! Long: not in `make test` (`test = false`); `make soak` runs it.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../e2e/harness.rs"]
+mod harness;
+#[path = "../shipped/install.rs"]
+mod install;
+#[path = "../shipped/seed.rs"]
+mod seed;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use cds_secret_guard::config::Limits;
+use common::{attack, review, set, time_ago};
+use futures::StreamExt;
+use harness::{TestNamespace, kubectl};
+use install::{
+    GUARD_PODS, Release, VERSION, default_service_account, eventually, guard_logs, guard_pods, kubectl_json, run,
+    stdout,
+};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::{
+    Api,
+    api::{EvictParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+
+const GUARD_NAMESPACE: &str = "cds-secret-guard";
+const WEBHOOKS: [&str; 2] = ["secret-deletes.cds-secret-guard.io", "worker-pods.cds-secret-guard.io"];
+
+/// The apiserver's count of calls to the guard's webhooks, and of those that failed
+/// (the guard could not be called, or did not answer: with `failurePolicy: Fail` a failed
+/// delete, with `Ignore` an unlabelled pod).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct WebhookCalls {
+    calls: f64,
+    failed: f64,
+}
+
+impl WebhookCalls {
+    fn now() -> Self {
+        let metrics = stdout(&run(kubectl().args(["get", "--raw", "/metrics"])));
+        let mut counts = Self::default();
+        for line in metrics
+            .lines()
+            .filter(|line| WEBHOOKS.iter().any(|w| line.contains(&format!("name=\"{w}\""))))
+        {
+            let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            if line.starts_with("apiserver_admission_webhook_request_total{") {
+                counts.calls += value;
+            } else if line.starts_with("apiserver_admission_webhook_fail_open_count{")
+                || (line.starts_with("apiserver_admission_webhook_rejection_count{")
+                    && !line.contains("error_type=\"no_error\""))
+            {
+                counts.failed += value;
+            }
+        }
+        counts
+    }
+
+    fn since(self) -> Self {
+        let now = Self::now();
+        Self {
+            calls: now.calls - self.calls,
+            failed: now.failed - self.failed,
+        }
+    }
+}
+
+/// A hatchery's load for `seconds`: a spawn every 250 ms, the cleanup's pod list 300 ms
+/// older than its secret list, finished workers reaped.
+fn load(seconds: u64) -> seed::Spawns {
+    seed::Spawns {
+        workers: usize::try_from(seconds * 4).unwrap(),
+        every: Duration::from_millis(250),
+        list_lag: Duration::from_millis(300),
+    }
+}
+
+fn assert_nothing_lost(step: &str, outcome: &seed::Outcome) {
+    println!(
+        "{step}: {} workers, {} completed, {} without their secret; the cleanup's deletes of live workers' secrets: refused {}, failed (guard not called) {}, done {}",
+        outcome.workers,
+        outcome.completed.len(),
+        outcome.config_errors.len(),
+        outcome.refused,
+        outcome.failed,
+        outcome.deleted
+    );
+    assert!(
+        outcome.config_errors.is_empty(),
+        "{step}: secrets lost: {:?}",
+        outcome.config_errors
+    );
+    assert_eq!(outcome.completed.len(), outcome.workers, "{step}");
+}
+
+/// Watches the guard's EndpointSlices: each endpoint's readiness, in the order the
+/// apiserver's watch showed its changes, by pod.
+struct EndpointWatch {
+    seen: Arc<Mutex<BTreeMap<String, Vec<bool>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EndpointWatch {
+    fn start(client: kube::Client) -> Self {
+        let seen = Arc::new(Mutex::new(BTreeMap::<String, Vec<bool>>::new()));
+        let slices: Api<EndpointSlice> = Api::namespaced(client, GUARD_NAMESPACE);
+        let config = watcher::Config::default().labels("kubernetes.io/service-name=cds-secret-guard");
+        let task = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(watcher(slices, config).applied_objects());
+                while let Some(Ok(slice)) = events.next().await {
+                    let mut seen = seen.lock().unwrap();
+                    for endpoint in slice.endpoints.into_iter().flatten() {
+                        let pod = endpoint.target_ref.and_then(|r| r.name).unwrap_or_default();
+                        let ready = endpoint.conditions.and_then(|c| c.ready).unwrap_or(false);
+                        let states = seen.entry(pod).or_default();
+                        if states.last() != Some(&ready) {
+                            states.push(ready);
+                        }
+                    }
+                }
+            })
+        };
+        Self { seen, task }
+    }
+
+    fn stop(self) -> BTreeMap<String, Vec<bool>> {
+        self.task.abort();
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+/// The guard pods' names.
+fn guard_pod_names() -> BTreeSet<String> {
+    guard_pods(GUARD_NAMESPACE)
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect()
+}
+
+async fn both_replicas_ready() {
+    eventually("two ready guard replicas", Duration::from_secs(120), || {
+        let pods = guard_pods(GUARD_NAMESPACE);
+        (pods.len() == 2 && pods.iter().all(|(_, _, ready)| *ready)).then_some(())
+    })
+    .await;
+}
+
+/// A rolling upgrade to a new image tag while workers spawn: zero failed webhook calls,
+/// no secret lost, and every new replica is kept out of the Service until its readiness
+/// probe passes.
+async fn rolling_upgrade(release: &Release) {
+    let ns = TestNamespace::new("soak-upgrade").await;
+    default_service_account(&ns.name).await;
+    let before = guard_pod_names();
+    let calls = WebhookCalls::now();
+    let endpoint_watch = EndpointWatch::start(ns.client.clone());
+    let running = seed::start(&ns, &load(60), true);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let started = Instant::now();
+    tokio::task::block_in_place(|| release.upgrade("dev"));
+    println!("upgrade: helm upgrade --wait took {:?}", started.elapsed());
+    let outcome = running.finish(&ns).await;
+    let endpoints = endpoint_watch.stop();
+    let during = calls.since();
+    println!("upgrade: {during:?} webhook calls during the load");
+    assert_nothing_lost("upgrade", &outcome);
+    assert_eq!(during.failed, 0.0, "webhook calls failed during the rolling upgrade");
+    assert!(during.calls > 0.0);
+
+    let after = guard_pod_names();
+    assert!(
+        after.is_disjoint(&before),
+        "every replica was replaced: {before:?} -> {after:?}"
+    );
+    for pod in guard_pods(GUARD_NAMESPACE) {
+        let image = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pod", &pod.0]);
+        assert_eq!(image["spec"]["containers"][0]["image"], "cds-secret-guard:dev");
+    }
+    println!("upgrade: endpoint readiness as watched: {endpoints:?}");
+    // The Service takes a replica once its pod is Ready, which the readiness probe makes
+    // it only once the guard serves: never before its "serving admission" line.
+    for pod in &after {
+        let ready_at = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pod", pod])["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .and_then(|c| c["lastTransitionTime"].as_str().map(str::to_owned))
+            .unwrap();
+        let log = guard_logs(GUARD_NAMESPACE)
+            .into_iter()
+            .find(|(name, _)| name == pod)
+            .unwrap()
+            .1;
+        let serving_at = log
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|line| line["message"] == "serving admission")
+            .and_then(|line| line["timestamp"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("{pod} never logged that it serves:\n{log}"));
+        println!("upgrade: {pod} serving at {serving_at}, Ready at {ready_at}");
+        // RFC 3339 in UTC, compared to the second (the condition's resolution).
+        assert!(
+            ready_at[..19] >= serving_at[..19],
+            "{pod} Ready at {ready_at} before it served at {serving_at}"
+        );
+        assert!(
+            endpoints.contains_key(pod),
+            "{pod} never in the Service's EndpointSlice"
+        );
+    }
+}
+
+/// One replica's container killed with SIGKILL through containerd while workers spawn:
+/// the kubelet restarts it, and the calls the apiserver made meanwhile are counted.
+async fn sigkill_one_replica() {
+    let ns = TestNamespace::new("soak-sigkill").await;
+    default_service_account(&ns.name).await;
+    let calls = WebhookCalls::now();
+    let running = seed::start(&ns, &load(40), true);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let pod = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pods", "-l", GUARD_PODS])["items"][0].clone();
+    let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+    let restarts = pod["status"]["containerStatuses"][0]["restartCount"].as_i64().unwrap();
+    let container = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_owned();
+    let socket =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/controlplane/node/containerd/containerd.sock");
+    let killed = Instant::now();
+    run(std::process::Command::new("ctr")
+        .arg("--address")
+        .arg(&socket)
+        .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &container]));
+    let back = eventually(
+        "the killed replica restarted and ready",
+        Duration::from_secs(120),
+        || {
+            let pod = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pod", &name]);
+            let status = &pod["status"]["containerStatuses"][0];
+            (status["restartCount"].as_i64() > Some(restarts) && status["ready"] == true).then(|| killed.elapsed())
+        },
+    )
+    .await;
+    println!("sigkill: {name} killed; restarted by the kubelet and ready again after {back:?}");
+    let outcome = running.finish(&ns).await;
+    let during = calls.since();
+    println!("sigkill: {during:?} webhook calls during the load");
+    assert_nothing_lost("sigkill", &outcome);
+    both_replicas_ready().await;
+}
+
+/// Evictions through the Eviction API: the first replica goes, the PodDisruptionBudget
+/// refuses the second while the first's replacement is not ready, then allows it.
+async fn evictions_respect_the_budget(client: kube::Client) {
+    both_replicas_ready().await;
+    eventually(
+        "the PodDisruptionBudget allows one disruption",
+        Duration::from_secs(60),
+        || {
+            let pdb = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pdb", "cds-secret-guard"]);
+            (pdb["status"]["disruptionsAllowed"] == 1).then_some(())
+        },
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client, GUARD_NAMESPACE);
+    let names: Vec<String> = guard_pod_names().into_iter().collect();
+    pods.evict(&names[0], &EvictParams::default())
+        .await
+        .expect("the first eviction is allowed");
+    let pdb = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pdb", "cds-secret-guard"]);
+    println!("eviction: {} evicted; the budget's status: {}", names[0], pdb["status"]);
+    match pods.evict(&names[1], &EvictParams::default()).await {
+        Err(kube::Error::Api(status)) => {
+            println!(
+                "eviction: the second refused while the first is replaced: {} {}",
+                status.code, status.message
+            );
+            assert_eq!(status.code, 429, "{status:?}");
+        }
+        other => panic!("the second eviction was not refused: {other:?}"),
+    }
+    both_replicas_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(error) = pods.evict(&names[1], &EvictParams::default()).await {
+        assert!(
+            Instant::now() < deadline,
+            "the second eviction is still refused once the first is back: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("eviction: the second allowed once the replacement was ready");
+    both_replicas_ready().await;
+}
+
+/// Worker pods no node takes (a nodeSelector nothing matches): Pending, and watched by
+/// the guard like any worker pod.
+async fn pending_workers(ns: &TestNamespace, count: usize) {
+    let pods = ns.pods();
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let worker = format!("pending-{i}");
+                let pod: Pod = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": worker, "labels": {"CDS_HATCHERY_NAME": "hatchery-pending", "CDS_WORKER_NAME": worker}},
+                    "spec": {
+                        "nodeSelector": {"cds-secret-guard.io/no-such-node": "true"},
+                        "containers": [{"name": "worker", "image": seed::WORKER_IMAGE, "imagePullPolicy": "Never"}],
+                    },
+                }))
+                .unwrap();
+                pods.create(&PostParams::default(), &pod).await.unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// A container's memory as its cgroup (v1) counts it: what the kubelet's limit is
+/// enforced on.
+struct ContainerMemory {
+    dir: std::path::PathBuf,
+}
+
+impl ContainerMemory {
+    /// The cgroup of the pod's first container: `kubepods[/<qos>]/pod<uid>/<id>`.
+    fn of(pod: &serde_json::Value) -> Self {
+        let uid = pod["metadata"]["uid"].as_str().unwrap();
+        let id = pod["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("containerd://");
+        let root = std::path::Path::new("/sys/fs/cgroup/memory/kubepods");
+        let qos_dirs = ["", "burstable", "besteffort"];
+        let dir = qos_dirs
+            .iter()
+            .map(|qos| root.join(qos).join(format!("pod{uid}")).join(id))
+            .find(|dir| dir.is_dir())
+            .unwrap_or_else(|| panic!("no memory cgroup for pod {uid} container {id} under {}", root.display()));
+        Self { dir }
+    }
+
+    fn read(&self, file: &str) -> u64 {
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap();
+        text.trim().parse().unwrap()
+    }
+
+    /// Usage now, its peak, the limit, and how often the limit was hit, in MiB and times.
+    fn figures(&self) -> String {
+        let mib = |file| self.read(file) as f64 / (1024.0 * 1024.0);
+        format!(
+            "{:.1} MiB now, peak {:.1} MiB, limit {:.0} MiB, limit hit {} times",
+            mib("memory.usage_in_bytes"),
+            mib("memory.max_usage_in_bytes"),
+            mib("memory.limit_in_bytes"),
+            self.read("memory.failcnt")
+        )
+    }
+}
+
+/// The worst a client of the admission port can do to the guard's memory, as
+/// tests/abuse.rs does it to the binary: every request slot holds a body just under the
+/// body limit, every other connection is HTTP/2 filled to what the server allows. The
+/// connections are returned, held.
+async fn abuse(
+    addr: std::net::SocketAddr,
+    server_name: &str,
+    ca_dir: &std::path::Path,
+) -> Vec<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let limits = Limits::default();
+    let http1 = attack::tls_config(ca_dir, rustls::DEFAULT_VERSIONS, &[b"http/1.1"]);
+    let http2 = attack::tls_config(ca_dir, rustls::DEFAULT_VERSIONS, &[b"h2"]);
+    let mut held = Vec::new();
+    for _ in 0..limits.max_requests {
+        let tls = attack::tls_connect_as(addr, server_name, http1.clone()).await.unwrap();
+        held.push(attack::slow_body(tls, limits.body_limit).await);
+    }
+    let mut sent = 0;
+    for _ in 0..limits.max_connections - limits.max_requests - 1 {
+        let mut tls = attack::tls_connect_as(addr, server_name, http2.clone()).await.unwrap();
+        sent += attack::fill_http2_connection(&mut tls, 8).await;
+        held.push(tls);
+    }
+    println!(
+        "memory: abuse: {} slow bodies of {} KiB, {} HTTP/2 connections filled ({} MiB sent)",
+        limits.max_requests,
+        (limits.body_limit - 4096) / 1024,
+        limits.max_connections - limits.max_requests - 1,
+        sent >> 20
+    );
+    held
+}
+
+/// A valid review sent straight to one guard pod is answered: kept, too young.
+async fn answered_by(addr: std::net::SocketAddr, server_name: &str, ca: &[u8]) {
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap())
+        .tls_built_in_root_certs(false)
+        .resolve(server_name, addr)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let young = set(
+        review("secret-delete"),
+        "/request/oldObject/metadata/creationTimestamp",
+        time_ago(Duration::from_secs(5)),
+    );
+    let answer: serde_json::Value = client
+        .post(format!("https://{server_name}:{}/validate", addr.port()))
+        .json(&young)
+        .send()
+        .await
+        .expect("the abused replica answers")
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+}
+
+/// Under the kubelet's enforcement of the chart's memory limit, one replica with 10,000
+/// worker pods in its watch and the admission port's worst abuse, while workers spawn:
+/// it is not OOM-killed, it keeps answering, and no secret is lost.
+async fn memory_under_the_limit(client: kube::Client) {
+    const PENDING: usize = 10_000;
+    both_replicas_ready().await;
+    let pending = TestNamespace::new("soak-pending").await;
+    default_service_account(&pending.name).await;
+    let started = Instant::now();
+    pending_workers(&pending, PENDING).await;
+    println!(
+        "memory: {PENDING} pending worker pods created in {:?}",
+        started.elapsed()
+    );
+
+    let pods = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pods", "-l", GUARD_PODS]);
+    let pod = pods["items"][0].clone();
+    let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+    let restarts = pod["status"]["containerStatuses"][0]["restartCount"].as_i64().unwrap();
+    let cgroup = ContainerMemory::of(&pod);
+    // The pod's watch has the pods once it has seen the last one created.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    println!(
+        "memory: {name} with {PENDING} pending pods watched: {}",
+        cgroup.figures()
+    );
+
+    let server_name = format!("cds-secret-guard.{GUARD_NAMESPACE}.svc");
+    let tls: Secret = Api::namespaced(client, GUARD_NAMESPACE)
+        .get("cds-secret-guard-tls")
+        .await
+        .unwrap();
+    let ca = tls.data.unwrap()["ca.crt"].0.clone();
+    let ca_dir = tempfile::tempdir().unwrap();
+    std::fs::write(ca_dir.path().join("ca.crt"), &ca).unwrap();
+    let addr = std::net::SocketAddr::new(pod["status"]["podIP"].as_str().unwrap().parse().unwrap(), 8443);
+
+    let ns = TestNamespace::new("soak-memory").await;
+    default_service_account(&ns.name).await;
+    let running = seed::start(&ns, &load(30), true);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let held = abuse(addr, &server_name, ca_dir.path()).await;
+    println!("memory: {name} abused: {}", cgroup.figures());
+    drop(held);
+    answered_by(addr, &server_name, &ca).await;
+    let outcome = running.finish(&ns).await;
+    assert_nothing_lost("memory", &outcome);
+
+    let after = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pod", &name]);
+    let status = &after["status"]["containerStatuses"][0];
+    println!("memory: {name} after: {}", cgroup.figures());
+    assert_ne!(
+        status["lastState"]["terminated"]["reason"], "OOMKilled",
+        "{name} was OOM-killed"
+    );
+    assert_eq!(
+        status["restartCount"].as_i64(),
+        Some(restarts),
+        "{name} restarted: {status}"
+    );
+    assert!(
+        cgroup.read("memory.max_usage_in_bytes") < cgroup.read("memory.limit_in_bytes"),
+        "{name} reached its memory limit: {}",
+        cgroup.figures()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn operating_the_guard_on_the_node_loses_no_secret() {
+    install::node();
+    let release = Release::install(VERSION);
+    both_replicas_ready().await;
+    rolling_upgrade(&release).await;
+    sigkill_one_replica().await;
+    evictions_respect_the_budget(harness::client().await).await;
+    memory_under_the_limit(harness::client().await).await;
+}
