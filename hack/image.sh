@@ -14,8 +14,6 @@
 #                                           bundle, passwd with nonroot (65532); no shell
 # Each stand-in is labelled io.cds-secret-guard.stand-in=<hash of its recipe> and rebuilt
 # when the recipe changes. The Dockerfile's own steps then run as they do anywhere.
-#
-# Times on the 2-core development machine: see README.md (Install).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
