@@ -13,12 +13,16 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
-use axum::{Router, extract::Request};
+use axum::{
+    Router,
+    extract::Request,
+    http::{HeaderValue, Version, header::CONNECTION},
+};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
@@ -160,8 +164,10 @@ impl Bound {
     }
 
     /// Serves until `shutdown` is cancelled. Then `/readyz` says 503 while requests are
-    /// still served for the drain delay; then the listener closes, connections are asked
-    /// to finish, and requests in flight get up to the shutdown timeout.
+    /// still served for the drain delay, each client told to go elsewhere (HTTP/1.1
+    /// answers say `Connection: close`, HTTP/2 connections get GOAWAY); then the listener
+    /// closes, connections are asked to finish, and requests in flight get up to the
+    /// shutdown timeout.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         let Self {
             server,
@@ -191,12 +197,14 @@ impl Bound {
         );
 
         let stop_accepting = CancellationToken::new();
+        let draining = CancellationToken::new();
         tokio::spawn({
             let (state, stop_accepting, drain) = (state.clone(), stop_accepting.clone(), config.limits.drain_delay);
-            let shutdown = shutdown.clone();
+            let (shutdown, draining) = (shutdown.clone(), draining.clone());
             async move {
                 shutdown.cancelled().await;
                 state.ready.store(false, Ordering::SeqCst);
+                draining.cancel();
                 tracing::info!(?drain, "shutdown: not ready, still serving while endpoints drain");
                 tokio::time::sleep(drain).await;
                 stop_accepting.cancel();
@@ -211,6 +219,7 @@ impl Bound {
             acceptor,
             router: api::admission_router(state.clone()),
             limits: config.limits.clone(),
+            draining,
             closing: CancellationToken::new(),
             tracker: TaskTracker::new(),
         };
@@ -239,6 +248,10 @@ struct Connections {
     acceptor: TlsAcceptor,
     router: Router,
     limits: Limits,
+    /// Cancelled when the drain starts: clients are told to take their next requests
+    /// elsewhere while this server still answers (the Service's rules and the
+    /// connections already open to this pod outlive its readiness by a moment).
+    draining: CancellationToken,
     /// Cancelled when every connection should finish its requests and close.
     closing: CancellationToken,
     tracker: TaskTracker,
@@ -279,10 +292,11 @@ impl Connections {
 
     /// Serves one connection until it ends, is idle for too long, or the server closes.
     fn serve(&self, tcp: TcpStream, peer: SocketAddr, slot: OwnedSemaphorePermit) -> impl Future<Output = ()> + use<> {
-        let (acceptor, router, limits, closing) = (
+        let (acceptor, router, limits, draining, closing) = (
             self.acceptor.clone(),
             self.router.clone(),
             self.limits.clone(),
+            self.draining.clone(),
             self.closing.clone(),
         );
         async move {
@@ -294,12 +308,27 @@ impl Connections {
             };
             let activity = Arc::new(Activity::new());
             let service = {
-                let activity = activity.clone();
+                let (activity, draining) = (activity.clone(), draining.clone());
                 tower::service_fn(move |request: Request<hyper::body::Incoming>| {
                     let busy = activity.begin();
-                    let router = router.clone();
+                    let http1 = request.version() < Version::HTTP_2;
+                    if !http1 {
+                        activity.http2.store(true, Ordering::SeqCst);
+                    }
+                    let (router, draining) = (router.clone(), draining.clone());
                     async move {
-                        let response = router.oneshot(request.map(axum::body::Body::new)).await;
+                        let mut response = router.oneshot(request.map(axum::body::Body::new)).await;
+                        // While draining, an HTTP/1.1 client is told to open its next
+                        // connection elsewhere: closing the connection ourselves later
+                        // could cross its next request on the wire.
+                        if let Ok(response) = &mut response
+                            && http1
+                            && draining.is_cancelled()
+                        {
+                            response
+                                .headers_mut()
+                                .insert(CONNECTION, HeaderValue::from_static("close"));
+                        }
                         drop(busy);
                         response
                     }
@@ -325,6 +354,7 @@ impl Connections {
             tokio::pin!(connection);
             let mut ticks = tokio::time::interval(limits.idle_timeout / 4);
             let mut closing_asked = false;
+            let mut drain_seen = false;
             loop {
                 tokio::select! {
                     result = connection.as_mut() => {
@@ -332,6 +362,15 @@ impl Connections {
                             tracing::debug!(%peer, %error, "connection ended with an error");
                         }
                         return;
+                    }
+                    // HTTP/2 has its own way to move a client: GOAWAY, sent by the
+                    // graceful shutdown, with the streams in flight still answered.
+                    () = draining.cancelled(), if !drain_seen && !closing_asked => {
+                        drain_seen = true;
+                        if activity.http2.load(Ordering::SeqCst) {
+                            closing_asked = true;
+                            connection.as_mut().graceful_shutdown();
+                        }
                     }
                     () = closing.cancelled(), if !closing_asked => {
                         closing_asked = true;
@@ -363,6 +402,8 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Milliseconds from `start` to the end of the last request.
     last: AtomicU64,
+    /// Whether the connection speaks HTTP/2 (seen on its first request).
+    http2: AtomicBool,
 }
 
 /// Marks a request in flight until dropped.
@@ -376,6 +417,7 @@ impl Activity {
             start: Instant::now(),
             in_flight: AtomicUsize::new(0),
             last: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
         }
     }
 

@@ -1211,6 +1211,21 @@ async fn sigterm_drains_then_closes_the_listener() {
         assert_answered(guard.admission, guard.certs()).await;
         answered += 1;
     }
+    // An HTTP/1.1 client is told to take its next request elsewhere: the answer says
+    // `Connection: close` and the server closes the connection after it.
+    let http1 = tls_config(guard.certs(), rustls::DEFAULT_VERSIONS, &[b"http/1.1"]);
+    let mut tls = tls_connect(guard.admission, http1).await.unwrap();
+    let body = young_delete().to_string();
+    tls.write_all(post_head(body.len()).as_bytes()).await.unwrap();
+    tls.write_all(body.as_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    let answer = timeout(Duration::from_secs(1), read_until_closed(&mut tls))
+        .await
+        .expect("the connection is closed after the answer, not kept alive");
+    let status = status_of(&answer);
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert_eq!(status, Some(200), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
     assert!(signalled.elapsed() < drain, "the requests took the whole drain delay");
     assert_eq!(guard.readyz().await, Some(503), "not ready for the whole drain");
 
