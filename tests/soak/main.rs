@@ -92,7 +92,7 @@ fn load(seconds: u64) -> seed::Spawns {
 
 fn assert_nothing_lost(step: &str, outcome: &seed::Outcome) {
     println!(
-        "{step}: {} workers, {} completed, {} without their secret; the cleanup's deletes of live workers' secrets: refused {}, failed (guard not called) {}, done {}",
+        "{step}: {} workers, {} completed, {} without their secret; the cleanup's deletes: refused {}, failed closed (guard not called) {}, done (pod gone) {}",
         outcome.workers,
         outcome.completed.len(),
         outcome.config_errors.len(),
