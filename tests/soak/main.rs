@@ -297,7 +297,13 @@ async fn evictions_respect_the_budget(client: kube::Client) {
             );
             assert_eq!(status.code, 429, "{status:?}");
         }
-        other => panic!("the second eviction was not refused: {other:?}"),
+        other => {
+            let second = kubectl_json(&["-n", GUARD_NAMESPACE, "get", "pod", &names[1]]);
+            panic!(
+                "the second eviction was not refused: {other:?}; {} was {:#}",
+                names[1], second["status"]["conditions"]
+            )
+        }
     }
     both_replicas_ready().await;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -512,6 +518,6 @@ async fn operating_the_guard_on_the_node_loses_no_secret() {
     both_replicas_ready().await;
     rolling_upgrade(&release).await;
     sigkill_one_replica().await;
-    evictions_respect_the_budget(harness::client().await).await;
     memory_under_the_limit(harness::client().await).await;
+    evictions_respect_the_budget(harness::client().await).await;
 }
