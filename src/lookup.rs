@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::{
     Error, Result,
     metrics::Metrics,
-    pod::{PodLiveness, WorkerPod},
+    pod::{PodState, WorkerPod},
     pod_cache::{PodCache, parse_revision},
 };
 
@@ -45,21 +45,6 @@ const LABEL_PAGE: u32 = 10;
 /// the wait to be tried at all. A LIST scans every pod of the namespace in the
 /// apiserver; on a cluster busy with workers the next event is milliseconds away.
 const CATCH_UP: Duration = Duration::from_millis(50);
-
-/// What the policy needs to know about a pod.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodState {
-    /// Pod name.
-    pub name: String,
-    /// Pod labels (`check` compares them with the secret's).
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// Pod UID.
-    pub uid: String,
-    /// `status.phase`, when known.
-    pub phase: Option<String>,
-    /// Whether the pod has a deletion timestamp.
-    pub terminating: bool,
-}
 
 /// The apiserver reads behind the admission decisions, behind a narrow trait so the
 /// rules can be tested with an in-memory fake and model-checked against a model store.
@@ -81,49 +66,6 @@ pub trait ClusterLookup: Send + Sync {
     /// denial at once (the safe side), never the absence of a pod.
     fn cached_pod(&self, _namespace: &str, _name: &str) -> Option<PodState> {
         None
-    }
-}
-
-// === impl PodState ===
-
-impl PodState {
-    /// Whether the pod may still need its secret: not terminating and not finished.
-    pub fn is_live(&self) -> bool {
-        !self.terminating && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
-    }
-
-    fn new(metadata: &ObjectMeta, phase: Option<&String>) -> Self {
-        Self {
-            name: metadata.name.clone().unwrap_or_default(),
-            labels: metadata.labels.clone().unwrap_or_default(),
-            uid: metadata.uid.clone().unwrap_or_default(),
-            phase: phase.cloned(),
-            terminating: metadata.deletion_timestamp.is_some(),
-        }
-    }
-}
-
-impl From<&PodLiveness> for PodState {
-    fn from(pod: &PodLiveness) -> Self {
-        Self::new(
-            &pod.metadata,
-            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
-        )
-    }
-}
-
-impl From<&WorkerPod> for PodState {
-    fn from(pod: &WorkerPod) -> Self {
-        Self::new(&pod.metadata, pod.phase())
-    }
-}
-
-impl From<&Pod> for PodState {
-    fn from(pod: &Pod) -> Self {
-        Self::new(
-            &pod.metadata,
-            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
-        )
     }
 }
 

@@ -47,9 +47,8 @@ use crate::{
     Error, Result,
     config::PolicyConfig,
     events::{Events, secret_reference},
-    lookup::PodState,
     metrics::Metrics,
-    pod::{PodLiveness, WorkerPod},
+    pod::{PodLiveness, PodState, WorkerPod},
     pod_cache::PodCache,
 };
 

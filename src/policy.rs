@@ -25,10 +25,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use crate::{
-    config::PolicyConfig,
-    lookup::{ClusterLookup, PodState},
-};
+use crate::{config::PolicyConfig, lookup::ClusterLookup, pod::PodState};
 
 /// A DELETE of a secret, as the policy sees it.
 #[derive(Debug, Clone, Copy)]
