@@ -338,6 +338,68 @@ async fn secret_data_never_reaches_the_log() {
     assert!(!log.contains(&BASE64.encode(SECRET_VALUE)));
 }
 
+/// Each field of each log line holds its value, or is left out: never Rust's `Debug` of an
+/// `Option` (`"pod":"Some(\"w1\")"`, `"pod":"None"`). The adoption's line is waited for, so
+/// that path is always among those read; the rest of the log is whatever the run did.
+#[tokio::test]
+async fn log_fields_hold_values_not_debug_options() {
+    let guard = shared_guard();
+    let ns = TestNamespace::new("fields").await;
+    ns.worker_secret("w-fields").await;
+    let pod = ns.worker_pod("w-fields").await;
+    ns.owner_references("cds-worker-config-w-fields", Duration::from_secs(10))
+        .await;
+    ns.delete_secret("cds-worker-config-w-fields", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    guard.audit_line(&ns.name, "cds-worker-config-w-fields", "deny").await;
+
+    let added = guard
+        .log_line(
+            "ownerReference added",
+            &[("namespace", &ns.name), ("secret", "cds-worker-config-w-fields")],
+        )
+        .await;
+
+    let mut debug_options = Vec::new();
+    for line in guard.log_lines() {
+        let mut fields = Vec::new();
+        debug_option_fields(&line, "", &mut fields);
+        debug_options.extend(fields.into_iter().map(|field| format!("{}: {field}", line["message"])));
+    }
+    assert!(
+        debug_options.is_empty(),
+        "fields holding a Debug Option: {debug_options:#?}"
+    );
+    assert_eq!(added["pod"], "w-fields", "{added}");
+    assert_eq!(
+        Some(&added["uid"]),
+        pod.metadata.uid.map(Into::into).as_ref(),
+        "{added}"
+    );
+}
+
+/// The fields of `value` (a log line, or a span in one) whose value is `None` or holds
+/// `Some(`, as `path = value`.
+fn debug_option_fields(value: &serde_json::Value, path: &str, found: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (name, field) in fields {
+                debug_option_fields(field, &format!("{path}.{name}"), found);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                debug_option_fields(item, &format!("{path}[{index}]"), found);
+            }
+        }
+        serde_json::Value::String(text) if text == "None" || text.contains("Some(") => {
+            found.push(format!("{path} = {text}"));
+        }
+        _ => {}
+    }
+}
+
 /// `kubectl kustomize` of an overlay, as JSON documents.
 fn render(overlay: &str) -> Vec<serde_json::Value> {
     let output = kubectl()
