@@ -84,6 +84,13 @@ struct Args {
     /// Only the reconciler runs (beside the --pods worker pods), not the delete paths.
     #[arg(long)]
     reconciler_only: bool,
+    /// The delete paths to measure, by key (`young`, `live`, `orphan`, `orphan-churn`),
+    /// comma-separated; all when not given.
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(PATHS.map(|path| path.key)))]
+    paths: Vec<String>,
+    /// Skips the reconciler runs after the delete paths.
+    #[arg(long, conflicts_with = "reconciler_only")]
+    no_reconciler: bool,
     /// Writes a CPU profile of the apiserver (Go's pprof, `/debug/pprof/profile`) taken
     /// during the first guarded run of each path and namespace into this directory; read
     /// them with `go tool pprof -top`.
@@ -262,6 +269,8 @@ impl<'a> Registrations<'a> {
 // === the delete paths ===
 
 struct Path4 {
+    /// What `--paths` calls it.
+    key: &'static str,
     name: &'static str,
     worker: &'static str,
     /// HTTP status with the guard registered.
@@ -276,24 +285,28 @@ const CHURN_EVERY: Duration = Duration::from_millis(5);
 
 const PATHS: [Path4; 4] = [
     Path4 {
+        key: "young",
         name: "deny by age (young secret)",
         worker: "young",
         guarded: 403,
         churn: false,
     },
     Path4 {
+        key: "live",
         name: "deny by live pod",
         worker: "live",
         guarded: 403,
         churn: false,
     },
     Path4 {
+        key: "orphan",
         name: "allow orphan",
         worker: "orphan",
         guarded: 200,
         churn: false,
     },
     Path4 {
+        key: "orphan-churn",
         name: "allow orphan, worker pods changing",
         worker: "orphan",
         guarded: 200,
@@ -1131,10 +1144,13 @@ async fn main() {
     // The floor serves the guard's certificate: the apiserver trusts it with the same CA.
     let floor_of = |guard: &Guard| start_ceiling(&guard.webhooks_yaml().with_file_name("certs"), true);
 
+    let measured = |path: &Path4| args.paths.is_empty() || args.paths.iter().any(|key| key == path.key);
     let floor = floor_of(&guard);
     let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
-    let young = measure_path(&args, &admin, &registrations, namespaces, &PATHS[0]).await;
-    path_rows(&PATHS[0], pods, &young, &mut tables);
+    if measured(&PATHS[0]) {
+        let young = measure_path(&args, &admin, &registrations, namespaces, &PATHS[0]).await;
+        path_rows(&PATHS[0], pods, &young, &mut tables);
+    }
     drop((guard, floor));
 
     // Old secrets from here on: a guard with a 1 s grace period.
@@ -1143,7 +1159,7 @@ async fn main() {
     let rss_large_fresh = rss_mib(guard.pid().unwrap());
     let floor = floor_of(&guard);
     let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
-    for path in &PATHS[1..] {
+    for path in PATHS[1..].iter().filter(|path| measured(path)) {
         let results = measure_path(&args, &admin, &registrations, namespaces, path).await;
         path_rows(path, pods, &results, &mut tables);
     }
@@ -1186,7 +1202,9 @@ async fn main() {
     ]);
     memory.print();
 
-    reconciler_runs(&args, &admin).await;
+    if !args.no_reconciler {
+        reconciler_runs(&args, &admin).await;
+    }
     // Deleting 10,000 pods is the namespace controller's work: only once all is measured.
     drop((small, large));
 }

@@ -15,7 +15,8 @@
 # Env:
 #   BENCH_PARTS              which parts to run (default "inprocess tls apiserver")
 #   BENCH_TLS_ARGS           e.g. "--rounds 5 --duration 5s --connections 16"
-#   BENCH_APISERVER_ARGS     e.g. "--rounds 3 --duration 5s --pods 10000 --spawn-rate 50"
+#   BENCH_APISERVER_ARGS     e.g. "--rounds 3 --duration 5s --pods 10000 --spawn-rate 50";
+#                            "--paths orphan,orphan-churn --no-reconciler": the allow paths only
 #   CDS_CP_APISERVER_PORT (9443), CDS_CP_ETCD_CLIENT_PORT (4379), CDS_CP_ETCD_PEER_PORT (4380):
 #                            the benchmark's control plane; it is stopped at the end
 set -euo pipefail

@@ -12,7 +12,8 @@ use serde::Serialize;
 use crate::{
     Result,
     config::PolicyConfig,
-    lookup::{KubeLookup, PodState},
+    lookup::KubeLookup,
+    pod::PodState,
     policy::{WorkerPods, pod_owners, secret_age},
 };
 
@@ -251,7 +252,7 @@ mod tests {
     use super::*;
     use crate::{
         fixtures::{policy, worker_pod},
-        lookup::PodState,
+        pod::PodState,
     };
 
     fn secret(labels: &[(&str, &str)], owner_uid: Option<&str>) -> ObjectMeta {

@@ -153,7 +153,7 @@ async fn publish(recorder: Recorder, mut notes: mpsc::Receiver<Note>) {
             secondary: note.related,
         };
         if let Err(error) = recorder.publish(&event, &note.secret).await {
-            tracing::warn!(%error, secret = ?note.secret.name, "cannot record an event");
+            tracing::warn!(%error, secret = note.secret.name.as_deref(), "cannot record an event");
         }
     }
 }

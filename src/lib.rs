@@ -10,7 +10,8 @@
 //! - [`admission`]: decoding AdmissionReviews and encoding responses;
 //! - [`policy`]: the secret-DELETE rules (pure, apart from the lookups they ask for);
 //! - [`mutation`]: the pod-CREATE patch (pure);
-//! - [`pod`]: what the guard reads of a pod, decoded into lean types;
+//! - [`pod`]: what the guard reads of a pod, decoded into lean types, and the state the
+//!   decisions need of it;
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
 //! - [`pod_cache`]: the reconciler's pod watches as the decisions' cache, and when it
 //!   may stand in for a quorum read;

@@ -28,8 +28,8 @@ use tokio::time::Instant;
 use crate::{
     Error, Result,
     metrics::Metrics,
-    pod::{PodLiveness, WorkerPod},
-    pod_cache::{PodCache, parse_revision},
+    pod::{PodState, WorkerPod},
+    pod_cache::{PodCache, PodWatch, parse_revision},
 };
 
 /// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
@@ -46,21 +46,6 @@ const LABEL_PAGE: u32 = 10;
 /// apiserver; on a cluster busy with workers the next event is milliseconds away.
 const CATCH_UP: Duration = Duration::from_millis(50);
 
-/// What the policy needs to know about a pod.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodState {
-    /// Pod name.
-    pub name: String,
-    /// Pod labels (`check` compares them with the secret's).
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// Pod UID.
-    pub uid: String,
-    /// `status.phase`, when known.
-    pub phase: Option<String>,
-    /// Whether the pod has a deletion timestamp.
-    pub terminating: bool,
-}
-
 /// The apiserver reads behind the admission decisions, behind a narrow trait so the
 /// rules can be tested with an in-memory fake and model-checked against a model store.
 #[async_trait]
@@ -70,6 +55,22 @@ pub trait ClusterLookup: Send + Sync {
 
     /// The pods carrying `label=value`, by quorum read.
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>>;
+
+    /// The pod named `worker` and the pods carrying `label=worker`, by quorum reads: what
+    /// rule 5 reads of a worker. Each answer stands apart, so that a live pod one of them
+    /// shows denies whatever became of the other. By default [`ClusterLookup::pod`] and
+    /// [`ClusterLookup::pods_labelled`], at once.
+    async fn namesake_and_labelled(
+        &self,
+        namespace: &str,
+        label: &str,
+        worker: &str,
+    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
+        futures::join!(
+            self.pod(namespace, worker),
+            self.pods_labelled(namespace, label, worker)
+        )
+    }
 
     /// The metadata (never the data) of a secret, by quorum read.
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>>;
@@ -81,49 +82,6 @@ pub trait ClusterLookup: Send + Sync {
     /// denial at once (the safe side), never the absence of a pod.
     fn cached_pod(&self, _namespace: &str, _name: &str) -> Option<PodState> {
         None
-    }
-}
-
-// === impl PodState ===
-
-impl PodState {
-    /// Whether the pod may still need its secret: not terminating and not finished.
-    pub fn is_live(&self) -> bool {
-        !self.terminating && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
-    }
-
-    fn new(metadata: &ObjectMeta, phase: Option<&String>) -> Self {
-        Self {
-            name: metadata.name.clone().unwrap_or_default(),
-            labels: metadata.labels.clone().unwrap_or_default(),
-            uid: metadata.uid.clone().unwrap_or_default(),
-            phase: phase.cloned(),
-            terminating: metadata.deletion_timestamp.is_some(),
-        }
-    }
-}
-
-impl From<&PodLiveness> for PodState {
-    fn from(pod: &PodLiveness) -> Self {
-        Self::new(
-            &pod.metadata,
-            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
-        )
-    }
-}
-
-impl From<&WorkerPod> for PodState {
-    fn from(pod: &WorkerPod) -> Self {
-        Self::new(&pod.metadata, pod.phase())
-    }
-}
-
-impl From<&Pod> for PodState {
-    fn from(pod: &Pod) -> Self {
-        Self::new(
-            &pod.metadata,
-            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
-        )
     }
 }
 
@@ -169,30 +127,83 @@ impl KubeLookup {
         }
     }
 
-    /// The labelled pods from the pod watch, if it is busy and catches up in time with
-    /// the current revision, read now by quorum (a LIST of one name: a single-key read
-    /// in the apiserver, whatever the namespace holds).
-    async fn pods_labelled_from_watch(
-        &self,
-        namespace: &str,
-        label: &str,
-        value: &str,
-    ) -> Result<Option<Vec<PodState>>> {
-        let Some(watch) = self
-            .pods
+    /// The pod watch selecting on `label` in `namespace`, if its events come often enough
+    /// that waiting for it to catch up with a revision is likely quicker than a LIST.
+    fn busy_watch(&self, namespace: &str, label: &str) -> Option<Arc<PodWatch>> {
+        self.pods
             .watching(namespace, label)
             .filter(|watch| watch.is_busy(CATCH_UP))
-        else {
-            return Ok(None);
-        };
+    }
+
+    /// The current revision, read by quorum: a LIST of the one name `name`, metadata
+    /// only (a single-key read in the apiserver, whatever the namespace holds).
+    async fn revision(&self, namespace: &str, name: &str) -> Result<Option<u64>> {
         let pods: Api<PartialObjectMeta<Pod>> = Api::namespaced(self.client.clone(), namespace);
-        let params = ListParams::default().fields(&format!("metadata.name={value}"));
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
         debug_assert!(params.resource_version.is_none(), "the revision must be read by quorum");
         let current = pods.list_metadata(&params).await?;
-        let Some(revision) = parse_revision(current.metadata.resource_version.as_deref()) else {
-            return Ok(None);
+        Ok(parse_revision(current.metadata.resource_version.as_deref()))
+    }
+
+    /// The pod named `name` and the current revision, by one quorum read: a LIST of that
+    /// one name answers what a GET would, with the revision the read was served at.
+    async fn pod_and_revision(&self, namespace: &str, name: &str) -> Result<(Option<PodState>, Option<u64>)> {
+        let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        debug_assert!(params.resource_version.is_none(), "the pod must be read by quorum");
+        let current = pods.list(&params).await?;
+        let pod = current
+            .items
+            .iter()
+            .find(|pod| pod.metadata.name.as_deref() == Some(name))
+            .map(PodState::from);
+        Ok((pod, parse_revision(current.metadata.resource_version.as_deref())))
+    }
+
+    /// The pods labelled `value` from `watch`, once it has caught up with `revision`
+    /// (read by quorum after the request arrived); `None` without a revision, or if the
+    /// watch does not catch up in time.
+    async fn labelled_from_watch(
+        &self,
+        watch: &PodWatch,
+        revision: Option<u64>,
+        namespace: &str,
+        value: &str,
+    ) -> Option<Vec<PodState>> {
+        let found = match revision {
+            Some(revision) => watch.labelled_at(revision, namespace, value, CATCH_UP).await,
+            None => None,
         };
-        Ok(watch.labelled_at(revision, namespace, value, CATCH_UP).await)
+        if let Some(metrics) = &self.metrics {
+            metrics.label_read(found.is_some());
+        }
+        found
+    }
+
+    /// The pods carrying `label=value`, by a quorum LIST, page by page.
+    async fn list_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
+        let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
+        // The default ListParams carry no resourceVersion: "most recent", a quorum read.
+        // The next pages continue that same read (the token pins its resourceVersion).
+        let mut params = ListParams::default()
+            .labels(&format!("{label}={value}"))
+            .limit(LABEL_PAGE);
+        debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
+        let mut found = Vec::new();
+        loop {
+            let page = pods.list(&params).await?;
+            found.extend(page.items.iter().map(PodState::from));
+            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params.continue_token = Some(token),
+                None => return Ok(found),
+            }
+        }
+    }
+
+    fn count_listed(&self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.label_read(false);
+        }
     }
 
     /// Keeps a metadata-only cache of the namespaces in `scope` (all when empty), so that
@@ -255,27 +266,46 @@ impl ClusterLookup for KubeLookup {
     }
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
-        let from_watch = self.pods_labelled_from_watch(namespace, label, value).await?;
-        if let Some(metrics) = &self.metrics {
-            metrics.label_read(from_watch.is_some());
+        let Some(watch) = self.busy_watch(namespace, label) else {
+            self.count_listed();
+            return self.list_labelled(namespace, label, value).await;
+        };
+        let revision = self.revision(namespace, value).await?;
+        match self.labelled_from_watch(&watch, revision, namespace, value).await {
+            Some(found) => Ok(found),
+            None => self.list_labelled(namespace, label, value).await,
         }
-        if let Some(found) = from_watch {
-            return Ok(found);
-        }
-        let pods: Api<WorkerPod> = Api::namespaced(self.client.clone(), namespace);
-        // The default ListParams carry no resourceVersion: "most recent", a quorum read.
-        // The next pages continue that same read (the token pins its resourceVersion).
-        let mut params = ListParams::default()
-            .labels(&format!("{label}={value}"))
-            .limit(LABEL_PAGE);
-        debug_assert!(params.resource_version.is_none(), "a pod list must be a quorum read");
-        let mut found = Vec::new();
-        loop {
-            let page = pods.list(&params).await?;
-            found.extend(page.items.iter().map(PodState::from));
-            match page.metadata.continue_.filter(|token| !token.is_empty()) {
-                Some(token) => params.continue_token = Some(token),
-                None => return Ok(found),
+    }
+
+    async fn namesake_and_labelled(
+        &self,
+        namespace: &str,
+        label: &str,
+        worker: &str,
+    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
+        let Some(watch) = self.busy_watch(namespace, label) else {
+            // The label has no index to answer from: a GET and a label LIST, at once.
+            self.count_listed();
+            return futures::join!(
+                self.pod(namespace, worker),
+                self.list_labelled(namespace, label, worker)
+            );
+        };
+        // One quorum read serves both: the LIST of the worker's name shows its namesake as
+        // a GET would, and its revision is the one the watch must reach for the label.
+        match self.pod_and_revision(namespace, worker).await {
+            Ok((namesake, revision)) => {
+                let labelled = match self.labelled_from_watch(&watch, revision, namespace, worker).await {
+                    Some(found) => Ok(found),
+                    None => self.list_labelled(namespace, label, worker).await,
+                };
+                (Ok(namesake), labelled)
+            }
+            // No revision, no answer from the watch: the label is LISTed, and the namesake's
+            // read stays failed (rule 6 denies unless a live pod does first).
+            Err(error) => {
+                self.count_listed();
+                (Err(error), self.list_labelled(namespace, label, worker).await)
             }
         }
     }
@@ -352,6 +382,18 @@ impl ClusterLookup for Metered {
         self.measure(self.inner.pods_labelled(namespace, label, value)).await
     }
 
+    async fn namesake_and_labelled(
+        &self,
+        namespace: &str,
+        label: &str,
+        worker: &str,
+    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
+        let timer = self.metrics.time_lookup();
+        let (namesake, labelled) = self.inner.namesake_and_labelled(namespace, label, worker).await;
+        timer.finish(namesake.is_err() || labelled.is_err());
+        (namesake, labelled)
+    }
+
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
         self.measure(self.inner.secret_metadata(namespace, name)).await
     }
@@ -410,6 +452,18 @@ impl ClusterLookup for Deadline<'_> {
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
         self.within(self.inner.pods_labelled(namespace, label, value)).await
+    }
+
+    async fn namesake_and_labelled(
+        &self,
+        namespace: &str,
+        label: &str,
+        worker: &str,
+    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
+        let read = self.inner.namesake_and_labelled(namespace, label, worker);
+        tokio::time::timeout_at(self.deadline, read)
+            .await
+            .unwrap_or_else(|_| (Err(Error::Timeout(self.budget)), Err(Error::Timeout(self.budget))))
     }
 
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {

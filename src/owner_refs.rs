@@ -47,9 +47,8 @@ use crate::{
     Error, Result,
     config::PolicyConfig,
     events::{Events, secret_reference},
-    lookup::PodState,
     metrics::Metrics,
-    pod::{PodLiveness, WorkerPod},
+    pod::{PodLiveness, PodState, WorkerPod},
     pod_cache::PodCache,
 };
 
@@ -242,7 +241,7 @@ impl Reconciler {
             {
                 Ok(patched) => {
                     self.metrics.reference_added();
-                    tracing::info!(%namespace, %secret, pod = ?pod.metadata.name, %uid, "ownerReference added");
+                    tracing::info!(%namespace, %secret, pod = pod.metadata.name.as_deref(), %uid, "ownerReference added");
                     let secret = secret_reference(namespace, secret, patched.metadata.uid.as_deref());
                     self.events.adopted(secret, pod_object_reference(pod));
                     return Ok(Adoption::Added);
@@ -308,7 +307,13 @@ async fn reconcile(cached: Arc<PodLiveness>, context: Arc<Context>) -> Result<Ac
 fn error_policy(pod: Arc<PodLiveness>, error: &Error, context: Arc<Context>) -> Action {
     context.reconciler.metrics.reconcile_error();
     let delay = context.next_retry(&ObjectRef::from_obj(&*pod));
-    tracing::warn!(%error, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, ?delay, "cannot adopt the pod's secrets, retrying");
+    tracing::warn!(
+        %error,
+        pod = pod.metadata.name.as_deref(),
+        namespace = pod.metadata.namespace.as_deref(),
+        ?delay,
+        "cannot adopt the pod's secrets, retrying"
+    );
     Action::requeue(delay)
 }
 

@@ -3,6 +3,7 @@
 //! never allocated: decoding whole k8s-openapi `Pod`s was the largest cost of a `/mutate`
 //! and doubled the memory of the watches.
 //!
+//! - [`PodState`]: what the decisions need to know of a pod, whoever read it;
 //! - [`PodLiveness`]: what the watches keep of every worker pod;
 //! - [`WorkerPod`]: a pod as the mutation and the adoption read it: its metadata, the
 //!   secrets its spec names, its phase.
@@ -17,6 +18,21 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
 };
 use serde::{Deserialize, Serialize, de::IgnoredAny};
+
+/// What the policy needs to know about a pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodState {
+    /// Pod name.
+    pub name: String,
+    /// Pod labels (`check` compares them with the secret's).
+    pub labels: BTreeMap<String, String>,
+    /// Pod UID.
+    pub uid: String,
+    /// `status.phase`, when known.
+    pub phase: Option<String>,
+    /// Whether the pod has a deletion timestamp.
+    pub terminating: bool,
+}
 
 /// A pod as the watches decode it: the metadata liveness and adoption need, and the
 /// phase. With 10,000 pods, decoding whole pods and dropping their specs doubled the
@@ -244,6 +260,49 @@ impl SecretReferences {
     }
 }
 
+// === impl PodState ===
+
+impl PodState {
+    /// Whether the pod may still need its secret: not terminating and not finished.
+    pub fn is_live(&self) -> bool {
+        !self.terminating && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+
+    fn new(metadata: &ObjectMeta, phase: Option<&String>) -> Self {
+        Self {
+            name: metadata.name.clone().unwrap_or_default(),
+            labels: metadata.labels.clone().unwrap_or_default(),
+            uid: metadata.uid.clone().unwrap_or_default(),
+            phase: phase.cloned(),
+            terminating: metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+impl From<&PodLiveness> for PodState {
+    fn from(pod: &PodLiveness) -> Self {
+        Self::new(
+            &pod.metadata,
+            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
+        )
+    }
+}
+
+impl From<&WorkerPod> for PodState {
+    fn from(pod: &WorkerPod) -> Self {
+        Self::new(&pod.metadata, pod.phase())
+    }
+}
+
+impl From<&Pod> for PodState {
+    fn from(pod: &Pod) -> Self {
+        Self::new(
+            &pod.metadata,
+            pod.status.as_ref().and_then(|status| status.phase.as_ref()),
+        )
+    }
+}
+
 /// The fields of a pod's metadata the guard keeps; `A` is how the annotations are read:
 /// kept ([`Maps`]) or skipped while parsing ([`IgnoredAny`]).
 #[derive(Deserialize)]
@@ -313,7 +372,6 @@ fn worker_metadata<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lookup::PodState;
 
     fn json_pod() -> serde_json::Value {
         serde_json::json!({

@@ -20,7 +20,7 @@ use kube::runtime::{
 };
 use tokio::{sync::watch, time::Instant};
 
-use crate::{lookup::PodState, pod::PodLiveness};
+use crate::pod::{PodLiveness, PodState};
 
 /// The worker-labelled pods the reconciler's watches see: one [`PodWatch`] per watched
 /// namespace, or one for all.

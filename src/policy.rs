@@ -25,10 +25,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use crate::{
-    config::PolicyConfig,
-    lookup::{ClusterLookup, PodState},
-};
+use crate::{config::PolicyConfig, lookup::ClusterLookup, pod::PodState};
 
 /// A DELETE of a secret, as the policy sees it.
 #[derive(Debug, Clone, Copy)]
@@ -162,6 +159,8 @@ pub async fn decide(
 /// Rules 3 to 7. A live pod the reconciler's watch shows denies without a read; else
 /// the pods are read by name (the owners and the worker's namesake) and by label, all at
 /// once: past the watch, the reads are mostly on the way to an allow, which needs them all.
+/// The worker's namesake and the pods labelled for it are read together
+/// ([`ClusterLookup::namesake_and_labelled`]): on the pod watch's path, one read proves both.
 async fn rules(
     lookup: &dyn ClusterLookup,
     config: &PolicyConfig,
@@ -175,14 +174,18 @@ async fn rules(
         return verdict;
     }
 
-    let mut names: Vec<&str> = owners.iter().map(|owner| owner.name.as_str()).collect();
-    names.push(&worker);
+    let mut names: Vec<&str> = owners
+        .iter()
+        .map(|owner| owner.name.as_str())
+        .filter(|owner| *owner != worker)
+        .collect();
     names.sort_unstable();
     names.dedup();
-    let (named, labelled) = futures::join!(
+    let (mut named, (namesake, labelled)) = futures::join!(
         read_named(lookup, namespace, &names),
-        read_labelled(lookup, config, namespace, &worker)
+        read_worker(lookup, config, namespace, &worker)
     );
+    named.push((worker.clone(), namesake));
     let read = |pod: &str| named.iter().find(|(n, _)| n == pod).map(|(_, read)| read);
 
     // Rule 3: every owner is gone, or replaced by a new pod under its name.
@@ -278,18 +281,21 @@ async fn read_named(
     .await
 }
 
-/// The pods carrying the worker label, by quorum read. A value that cannot be a label
-/// value is on no pod (and asking would get a 400).
-async fn read_labelled(
+/// The pod named after the worker and the pods carrying its label, by quorum reads. A
+/// name no pod can have is absent, and a value that cannot be a label value is on no pod,
+/// without a read (asking would get a 400).
+async fn read_worker(
     lookup: &dyn ClusterLookup,
     config: &PolicyConfig,
     namespace: &str,
     worker: &str,
-) -> crate::Result<Vec<PodState>> {
-    if is_label_value(worker) {
-        lookup.pods_labelled(namespace, &config.worker_label, worker).await
-    } else {
-        Ok(Vec::new())
+) -> (crate::Result<Option<PodState>>, crate::Result<Vec<PodState>>) {
+    let label = config.worker_label.as_str();
+    match (is_object_name(worker), is_label_value(worker)) {
+        (true, true) => lookup.namesake_and_labelled(namespace, label, worker).await,
+        (true, false) => (lookup.pod(namespace, worker).await, Ok(Vec::new())),
+        (false, true) => (Ok(None), lookup.pods_labelled(namespace, label, worker).await),
+        (false, false) => (Ok(None), Ok(Vec::new())),
     }
 }
 
@@ -329,14 +335,9 @@ impl WorkerPods {
         namespace: &str,
         worker: &str,
     ) -> crate::Result<Self> {
-        let names = [worker];
-        let (mut named, labelled) = futures::join!(
-            read_named(lookup, namespace, &names),
-            read_labelled(lookup, config, namespace, worker)
-        );
-        let namesake = named.pop().map_or(Ok(None), |(_, pod)| pod)?;
+        let (namesake, labelled) = read_worker(lookup, config, namespace, worker).await;
         Ok(Self {
-            namesake,
+            namesake: namesake?,
             labelled: labelled?,
         })
     }
@@ -493,8 +494,96 @@ impl Verdict {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use rstest::rstest;
+
+    use super::*;
+    use crate::fixtures::policy;
+
+    /// A cluster with no pod at all that writes down each read it is asked for.
+    #[derive(Default)]
+    struct Counted(Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl ClusterLookup for Counted {
+        async fn pod(&self, _: &str, name: &str) -> crate::Result<Option<PodState>> {
+            self.0.lock().unwrap().push(format!("pod {name}"));
+            Ok(None)
+        }
+
+        async fn pods_labelled(&self, _: &str, _: &str, value: &str) -> crate::Result<Vec<PodState>> {
+            self.0.lock().unwrap().push(format!("labelled {value}"));
+            Ok(Vec::new())
+        }
+
+        async fn namesake_and_labelled(
+            &self,
+            _: &str,
+            _: &str,
+            worker: &str,
+        ) -> (crate::Result<Option<PodState>>, crate::Result<Vec<PodState>>) {
+            self.0.lock().unwrap().push(format!("namesake and labelled {worker}"));
+            (Ok(None), Ok(Vec::new()))
+        }
+
+        async fn secret_metadata(&self, _: &str, _: &str) -> crate::Result<Option<ObjectMeta>> {
+            Ok(None)
+        }
+
+        async fn namespace_terminating(&self, _: &str) -> crate::Result<bool> {
+            Ok(false)
+        }
+    }
+
+    #[rstest]
+    #[case::orphan(&[], "orphan", &["namesake and labelled w1"])]
+    #[case::owned_by_the_namesake(&["w1"], "owner-gone", &["namesake and labelled w1"])]
+    #[case::owned_by_another_pod(&["other"], "owner-gone", &["namesake and labelled w1", "pod other"])]
+    fn an_allow_reads_the_worker_once_with_its_label(
+        #[case] owners: &[&str],
+        #[case] reason: &str,
+        #[case] reads: &[&str],
+    ) {
+        let now = Timestamp::now();
+        let secret = ObjectMeta {
+            name: Some("cds-worker-config-w1".into()),
+            creation_timestamp: Some(Time(now - Duration::from_secs(3600))),
+            owner_references: Some(
+                owners
+                    .iter()
+                    .map(|name| OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Pod".into(),
+                        name: (*name).into(),
+                        uid: format!("uid-{name}"),
+                        ..OwnerReference::default()
+                    })
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        };
+        let request = SecretDelete {
+            namespace: "cds",
+            name: "cds-worker-config-w1",
+            secret: Some(&secret),
+            username: Some("hatchery"),
+            groups: &[],
+        };
+        let lookup = Counted::default();
+
+        let verdict = futures::executor::block_on(decide(&policy(), &request, &lookup, now));
+
+        assert!(verdict.allowed, "{verdict:?}");
+        assert_eq!(verdict.reason.code(), reason);
+        let mut asked = lookup.0.into_inner().unwrap();
+        asked.sort();
+        assert_eq!(asked, reads);
+    }
 
     #[rstest]
     #[case("w1", true)]

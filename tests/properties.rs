@@ -16,9 +16,9 @@ use cds_secret_guard::{
     Error, Result,
     cli::{Cli, Command},
     config::PolicyConfig,
-    lookup::{ClusterLookup, PodState},
+    lookup::ClusterLookup,
     mutation::{self, PROTECTED_SECRETS_ANNOTATION},
-    pod::WorkerPod,
+    pod::{PodState, WorkerPod},
     policy::{self, Reason, SecretDelete, Verdict, is_label_value, is_object_name},
 };
 use k8s_openapi::{

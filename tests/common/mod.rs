@@ -15,7 +15,8 @@ use axum::{
 use cds_secret_guard::{
     Config, Error, Result,
     config::{Limits, PolicyConfig},
-    lookup::{ClusterLookup, PodState},
+    lookup::ClusterLookup,
+    pod::PodState,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;

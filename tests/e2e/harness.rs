@@ -426,6 +426,37 @@ impl Guard {
         fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// The complete lines of the log that are JSON (all the guard writes): the last line,
+    /// while the guard is still writing it, is left out.
+    pub fn log_lines(&self) -> Vec<Value> {
+        let log = self.log();
+        let complete = log.rfind('\n').map_or("", |end| &log[..end]);
+        complete
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// Waits (briefly) for a log line with this message whose fields include `fields`.
+    pub async fn log_line(&self, message: &str, fields: &[(&str, &str)]) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = self
+                .log_lines()
+                .into_iter()
+                .find(|line| line["message"] == message && fields.iter().all(|(field, value)| line[*field] == *value));
+            if let Some(line) = found {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {message:?} line with {fields:?}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The audit lines of the log.
     pub fn audit_lines(&self) -> Vec<Value> {
         self.log()

@@ -248,6 +248,87 @@ async fn under_worker_pod_churn_the_label_is_read_from_the_watch_and_a_pod_just_
     );
 }
 
+/// On the watch path, an allow proves that no pod of the worker lives with one quorum read
+/// of its pods: the LIST of the worker's name shows its namesake as a GET would, and its
+/// revision is the one the watch must reach to answer for the label. No GET repeats it.
+#[tokio::test]
+async fn under_worker_pod_churn_an_allow_reads_the_worker_pods_once() {
+    const ROUNDS: usize = 8;
+    let guard = shared_guard();
+    let ns = TestNamespace::new("once").await;
+    ns.pods()
+        .create(&Default::default(), &labelled_pod("churner", "w-other"))
+        .await
+        .unwrap();
+    let pods = ns.pods();
+    let churn = tokio::spawn(async move {
+        for n in 0u64.. {
+            let patch = serde_json::json!({"metadata": {"annotations": {"churn": n.to_string()}}});
+            pods.patch("churner", &Default::default(), &kube::api::Patch::Merge(&patch))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    for round in 0..ROUNDS {
+        ns.worker_secret(&format!("w-once-{round}")).await;
+    }
+    past_grace_period().await;
+
+    for round in 0..ROUNDS {
+        let secret = format!("cds-worker-config-w-once-{round}");
+        ns.delete_secret(&secret, &DeleteParams::default())
+            .await
+            .expect("orphan: deleted");
+        assert_eq!(guard.audit_line(&ns.name, &secret, "allow").await["reason"], "orphan");
+    }
+    churn.abort();
+
+    // The guard's reads of pods in the namespace, as the apiserver logged them.
+    let reads: Vec<(String, String)> = apiserver_audit()
+        .into_iter()
+        .filter(|event| {
+            event["user"]["username"] == "system:serviceaccount:cds-secret-guard:cds-secret-guard"
+                && matches!(event["verb"].as_str(), Some("get" | "list"))
+                && event["objectRef"]["resource"] == "pods"
+                && event["objectRef"]["namespace"] == ns.name.as_str()
+        })
+        .map(|event| {
+            let uri = event["requestURI"].as_str().unwrap_or_default().replace("%3D", "=");
+            (event["verb"].as_str().unwrap_or_default().to_owned(), uri)
+        })
+        .collect();
+    let count = |verb: &str, what: &str| {
+        reads
+            .iter()
+            .filter(|(asked, uri)| asked == verb && (uri.contains(&format!("{what}&")) || uri.ends_with(what)))
+            .count()
+    };
+    let mut from_watch = 0;
+    for round in 0..ROUNDS {
+        let worker = format!("w-once-{round}");
+        let by_name = count("list", &format!("fieldSelector=metadata.name={worker}"));
+        let by_label = count("list", &format!("labelSelector=CDS_WORKER_NAME={worker}"));
+        let got = count("get", &format!("/pods/{worker}"));
+        if by_name == 1 && by_label == 0 {
+            from_watch += 1;
+            assert_eq!(
+                got, 0,
+                "{worker}: the LIST of its name showed the namesake; reads: {reads:#?}"
+            );
+        }
+        assert!(
+            by_name + by_label + got <= 2,
+            "{worker}: more reads than the proof needs: {reads:#?}"
+        );
+    }
+    eprintln!("{from_watch} of {ROUNDS} allows answered from the watch");
+    assert!(
+        from_watch > 0,
+        "no round was answered from the watch; the guard's reads: {reads:#?}"
+    );
+}
+
 #[tokio::test]
 async fn delete_collection_keeps_young_worker_secrets() {
     let guard = shared_guard();
@@ -336,6 +417,68 @@ async fn secret_data_never_reaches_the_log() {
     let log = guard.log();
     assert!(!log.contains(SECRET_VALUE));
     assert!(!log.contains(&BASE64.encode(SECRET_VALUE)));
+}
+
+/// Each field of each log line holds its value, or is left out: never Rust's `Debug` of an
+/// `Option` (`"pod":"Some(\"w1\")"`, `"pod":"None"`). The adoption's line is waited for, so
+/// that path is always among those read; the rest of the log is whatever the run did.
+#[tokio::test]
+async fn log_fields_hold_values_not_debug_options() {
+    let guard = shared_guard();
+    let ns = TestNamespace::new("fields").await;
+    ns.worker_secret("w-fields").await;
+    let pod = ns.worker_pod("w-fields").await;
+    ns.owner_references("cds-worker-config-w-fields", Duration::from_secs(10))
+        .await;
+    ns.delete_secret("cds-worker-config-w-fields", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    guard.audit_line(&ns.name, "cds-worker-config-w-fields", "deny").await;
+
+    let added = guard
+        .log_line(
+            "ownerReference added",
+            &[("namespace", &ns.name), ("secret", "cds-worker-config-w-fields")],
+        )
+        .await;
+
+    let mut debug_options = Vec::new();
+    for line in guard.log_lines() {
+        let mut fields = Vec::new();
+        debug_option_fields(&line, "", &mut fields);
+        debug_options.extend(fields.into_iter().map(|field| format!("{}: {field}", line["message"])));
+    }
+    assert!(
+        debug_options.is_empty(),
+        "fields holding a Debug Option: {debug_options:#?}"
+    );
+    assert_eq!(added["pod"], "w-fields", "{added}");
+    assert_eq!(
+        Some(&added["uid"]),
+        pod.metadata.uid.map(Into::into).as_ref(),
+        "{added}"
+    );
+}
+
+/// The fields of `value` (a log line, or a span in one) whose value is `None` or holds
+/// `Some(`, as `path = value`.
+fn debug_option_fields(value: &serde_json::Value, path: &str, found: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (name, field) in fields {
+                debug_option_fields(field, &format!("{path}.{name}"), found);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                debug_option_fields(item, &format!("{path}[{index}]"), found);
+            }
+        }
+        serde_json::Value::String(text) if text == "None" || text.contains("Some(") => {
+            found.push(format!("{path} = {text}"));
+        }
+        _ => {}
+    }
 }
 
 /// `kubectl kustomize` of an overlay, as JSON documents.

@@ -24,9 +24,9 @@ use cds_secret_guard::{
     admission::{self, API_VERSION},
     cli::{Cli, Command},
     config::{Mode, PolicyConfig},
-    lookup::{ClusterLookup, PodState},
+    lookup::ClusterLookup,
     mutation::PROTECTED_SECRETS_ANNOTATION,
-    pod::WorkerPod,
+    pod::{PodState, WorkerPod},
     policy,
 };
 use json_patch::{Patch, PatchOperation};

@@ -12,9 +12,10 @@ use std::{collections::HashMap, sync::Mutex};
 use async_trait::async_trait;
 use cds_secret_guard::{
     config::PolicyConfig,
-    lookup::{ClusterLookup, PodState, Unavailable},
+    lookup::{ClusterLookup, Unavailable},
     mutation,
     owner_refs::may_adopt,
+    pod::PodState,
     policy::{self, SecretDelete, Verdict},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -2,11 +2,10 @@
 //! real adoption are the product's functions (see `guard`); everything else here is a
 //! deliberately broken copy kept only to show that the model finds what they break.
 
-use cds_secret_guard::pod::WorkerPod;
 use cds_secret_guard::{
     config::PolicyConfig,
-    lookup::PodState,
     mutation::PROTECTED_SECRETS_ANNOTATION,
+    pod::{PodState, WorkerPod},
     policy::{Reason, Verdict},
 };
 

@@ -14,10 +14,9 @@
 use std::{collections::BTreeMap, fmt, marker::PhantomData, time::Duration};
 
 use cds_secret_guard::{
-    lookup::PodState,
     mutation::PROTECTED_SECRETS_ANNOTATION,
     owner_refs::pod_reference,
-    pod::{ContainerReferences, EnvFromReference, PhasePart, SecretReferences, WorkerPod},
+    pod::{ContainerReferences, EnvFromReference, PhasePart, PodState, SecretReferences, WorkerPod},
 };
 use k8s_openapi::{
     api::core::v1::SecretEnvSource,
