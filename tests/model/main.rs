@@ -8,9 +8,10 @@
 //! every pod created through the real `mutation::mutate` (`guard`). The decision's lookup
 //! answers as the server's does: the deny hint and the label index from the guard's pod
 //! watch, an ordered, lagging stream of the worker-labelled pods' events with relists,
-//! whose index answers only behind the revision gate (`watch`). The properties and why
-//! they are stated as they are, including the name-squat case, are in `properties`; the
-//! deliberately broken guards, lookups and adoptions the model must catch in `variants`.
+//! whose index answers only behind the revision gate (`watch`, replayed into the real
+//! `PodWatch` by its checks). The properties and why they are stated as they are,
+//! including the name-squat case, are in `properties`; the deliberately broken guards,
+//! lookups and adoptions the model must catch in `variants`.
 //!
 //! `cargo test` checks the short bounds; `make model` the deep ones (`--ignored`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]

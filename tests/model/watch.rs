@@ -29,7 +29,8 @@
 //! revision when it is done, which is current only if the list is current and the store's
 //! latest write created or changed one of the listed pods. Whenever the gate is open the
 //! model's lookup answers from the index; the server may still LIST (a watch that is not
-//! busy), which reads the same pods then.
+//! busy), which reads the same pods then. The checks below replay random runs of the
+//! model into the real `PodWatch`, with the revisions the model leaves out, and compare.
 
 use crate::{
     variants::Lookup,
@@ -262,5 +263,252 @@ impl Relist {
             pods[name.index()] = self.listed[name.index()].clone();
         }
         pods
+    }
+}
+
+/// The model's watch against the real one: random runs of the model, replayed into
+/// `src/pod_cache.rs`'s `PodWatch` with the revisions the model leaves out, must agree at
+/// every step on what the watch's store shows (the deny hint), on whether the gate lets the
+/// index answer a read at the current revision, and on what the index answers then.
+#[cfg(test)]
+mod checks {
+    use std::{sync::Arc, time::Duration};
+
+    use cds_secret_guard::{
+        pod::{PhasePart, PodLiveness},
+        pod_cache::{PodCache, PodWatch},
+    };
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+    use kube::runtime::watcher::Event as Observed;
+    use stateright::Model;
+
+    use super::*;
+    use crate::{
+        actors::{Action, State},
+        model::{Bounds, Catalogue, GuardModel, Variant},
+        variants::Cleanup,
+        world::{NAMESPACE, WORKER_LABEL, Worker},
+    };
+
+    /// etcd as the real watch sees it.
+    struct Etcd {
+        revision: u64,
+        /// The selected pods' events, with their revisions, in order.
+        log: Vec<(u64, Event)>,
+        /// The events of `log` the real watch has had or a relist covered.
+        next: usize,
+        /// The listed pods a relist has yet to hand over.
+        listed: Vec<PodLiveness>,
+    }
+
+    /// What the runs went through, to show they reach what matters.
+    #[derive(Default, Debug)]
+    struct Seen {
+        index_answers: usize,
+        index_finds_a_pod: usize,
+        stale_hints: usize,
+        stale_relists: usize,
+        relists_done: usize,
+    }
+
+    fn liveness(name: PodName, pod: &Pod, revision: u64) -> PodLiveness {
+        let mut live = PodLiveness::default();
+        live.metadata.name = Some(name.name().to_owned());
+        live.metadata.namespace = Some(NAMESPACE.to_owned());
+        live.metadata.uid = Some(pod.uid.text());
+        live.metadata.resource_version = Some(revision.to_string());
+        live.metadata.deletion_timestamp = pod.terminating.then_some(Time(Timestamp::UNIX_EPOCH));
+        live.status = Some(PhasePart {
+            phase: Some(format!("{:?}", pod.phase)),
+        });
+        live.worker = pod.worker_label.map(|w| w.name().to_owned());
+        live
+    }
+
+    impl Etcd {
+        /// The pod of slot `name` as of `log[..upto]`, with its revision.
+        fn pod_at(&self, name: PodName, upto: usize) -> Option<(u64, &Pod)> {
+            self.log[..upto]
+                .iter()
+                .rev()
+                .find(|(_, (n, _))| *n == name)
+                .and_then(|(rev, (_, pod))| pod.as_ref().map(|p| (*rev, p)))
+        }
+
+        /// Feeds `watch` what the model's step from `s` to `next` did.
+        fn replay(&mut self, watch: &PodWatch, s: &State, action: Action, next: &State, seen: &mut Seen) {
+            let mut appended = 0;
+            if s.now() != next.now() {
+                self.revision += 1;
+                if let Some(event) = event(s.now(), next.now()) {
+                    self.log.push((self.revision, event));
+                    appended = 1;
+                }
+            }
+            match action {
+                Action::WatchRelist(covered) => {
+                    let covered = usize::from(covered);
+                    let upto = self.next + s.watch.stream[..covered].iter().flatten().count();
+                    if covered < s.watch.stream.len() {
+                        seen.stale_relists += 1;
+                    }
+                    watch.observe(&Observed::Init);
+                    self.listed = PodName::ALL
+                        .into_iter()
+                        .filter_map(|name| self.pod_at(name, upto).map(|(rev, pod)| liveness(name, pod, rev)))
+                        .collect();
+                    self.next = upto;
+                    return;
+                }
+                Action::WatchInitApply => {
+                    watch.observe(&Observed::InitApply(self.listed.remove(0)));
+                    return;
+                }
+                _ => {}
+            }
+            if s.watch.relist.is_some() && next.watch.relist.is_none() {
+                // Done, in its own step or ended by a write.
+                for pod in self.listed.drain(..) {
+                    watch.observe(&Observed::InitApply(pod));
+                }
+                watch.observe(&Observed::InitDone);
+                seen.relists_done += 1;
+            }
+            let delivered = s.watch.undelivered() + appended - next.watch.undelivered();
+            for _ in 0..delivered {
+                let (rev, (name, pod)) = self.log[self.next].clone();
+                let observed = match pod {
+                    Some(pod) => Observed::Apply(liveness(name, &pod, rev)),
+                    None => {
+                        let (_, last) = self.pod_at(name, self.next).expect("a removed pod existed");
+                        Observed::Delete(liveness(name, last, rev))
+                    }
+                };
+                watch.observe(&observed);
+                self.next += 1;
+            }
+        }
+    }
+
+    /// The real watch and the model's agree in state `s`.
+    fn agree(
+        rt: &tokio::runtime::Runtime,
+        cache: &PodCache,
+        watch: &PodWatch,
+        etcd: &Etcd,
+        s: &State,
+        seen: &mut Seen,
+    ) {
+        for name in PodName::ALL {
+            let real = cache
+                .get(NAMESPACE, name.name())
+                .map(|pod| (pod.uid.clone(), pod.is_live()));
+            let model = s.watch.shown[name.index()]
+                .as_ref()
+                .map(|pod| (pod.uid.text(), pod.is_live()));
+            assert_eq!(real, model, "the hint for pod {}, in {s:#?}", name.name());
+            if model
+                != s.now()
+                    .pod(name)
+                    .filter(|p| selected(p))
+                    .map(|p| (p.uid.text(), p.is_live()))
+            {
+                seen.stale_hints += 1;
+            }
+        }
+        let index = s.watch.index_for_label_read(Lookup::Server);
+        for w in Worker::ALL {
+            let real = rt
+                .block_on(watch.labelled_at(etcd.revision, NAMESPACE, w.name(), Duration::ZERO))
+                .map(|pods| {
+                    let mut names: Vec<String> = pods.into_iter().map(|pod| pod.name).collect();
+                    names.sort();
+                    names
+                });
+            let model = index.as_ref().map(|index| {
+                let mut names: Vec<String> = PodName::ALL
+                    .into_iter()
+                    .filter(|n| index[n.index()].as_ref().is_some_and(|p| p.worker_label == Some(w)))
+                    .map(|n| n.name().to_owned())
+                    .collect();
+                names.sort();
+                names
+            });
+            assert_eq!(real, model, "the label read of {}, in {s:#?}", w.name());
+            if let Some(names) = model {
+                seen.index_answers += 1;
+                if !names.is_empty() {
+                    seen.index_finds_a_pod += 1;
+                }
+            }
+        }
+    }
+
+    /// A small, seeded generator (splitmix64): the same runs every time.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn the_watch_claims_and_shows_what_the_real_pod_watch_does() {
+        let bounds = Bounds {
+            workers: 2,
+            k: 1,
+            cache_k: 1,
+            grace_ticks: 1,
+            client_grace_ticks: 1,
+            adversary_pods: 3,
+            reconcilers: 1,
+            watch_lag: 2,
+            relists: true,
+            catalogue: Catalogue::Representative,
+        };
+        let model = GuardModel::new(bounds, Variant::real(Cleanup::AfterFix));
+        // Paused time: a read the watch cannot answer gives up at once.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let mut rng = Rng(21);
+        let mut seen = Seen::default();
+        let mut actions = Vec::new();
+        for _ in 0..500 {
+            let cache = PodCache::default();
+            let watch: Arc<PodWatch> = cache.add(Some(NAMESPACE.to_owned()), WORKER_LABEL);
+            let mut etcd = Etcd {
+                revision: 1,
+                log: Vec::new(),
+                next: 0,
+                listed: Vec::new(),
+            };
+            let mut s = model.init_states().remove(0);
+            agree(&rt, &cache, &watch, &etcd, &s, &mut seen);
+            for _ in 0..60 {
+                actions.clear();
+                model.actions(&s, &mut actions);
+                if actions.is_empty() {
+                    break;
+                }
+                let action = actions[rng.below(actions.len())];
+                let Some(next) = model.next_state(&s, action) else {
+                    continue;
+                };
+                etcd.replay(&watch, &s, action, &next, &mut seen);
+                agree(&rt, &cache, &watch, &etcd, &next, &mut seen);
+                s = next;
+            }
+        }
+        println!("{seen:?}");
+        assert!(seen.index_finds_a_pod > 0 && seen.stale_hints > 0, "{seen:?}");
+        assert!(seen.stale_relists > 0 && seen.relists_done > 0, "{seen:?}");
     }
 }
