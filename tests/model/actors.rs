@@ -8,7 +8,8 @@
 //! - the **pods' lifecycle**: Pending → Running → Succeeded. A DELETE removes a Pending
 //!   (unscheduled) pod at once and marks any other terminating;
 //! - the **adversary**: CREATE pods of any shape in its catalogue (through the mutating
-//!   webhook) and DELETE any pod. It has no right on secrets.
+//!   webhook) and DELETE any pod. It has no right on secrets;
+//! - the guard's **pod watch** fails and relists, at any time (when the bounds let it).
 //!
 //! System (weakly fair: keeps stepping while it has something to do):
 //! - the **cleanup** of `h1` (CDS's `deleteSecrets`): LIST pods labelled `h1` (stale: it
@@ -24,6 +25,8 @@
 //!   cache (which may lag) it is vetted with `may_adopt` and PATCHed at once, else read by
 //!   GET, vetted and PATCHed; the PATCH carries the resourceVersion read as a precondition;
 //! - the **kubelet**: removes a terminating pod;
+//! - the guard's **pod watch** (`watch`): delivers its next event; during a relist, hands
+//!   over the next listed pod, then ends the relist;
 //! - the **clock** (a tick ages the secrets) and **replication** (a lagging replica
 //!   catches up: stale answers are gone).
 //!
@@ -42,6 +45,7 @@ use crate::{
     guard::{self, Requester},
     model::GuardModel,
     variants::{self, Adoption, Cleanup as CleanupVersion},
+    watch::{self, Watch},
     world::{Lag, Owner, Phase, Pod, PodName, PodShape, Secret, SecretId, Set, Slot, Snapshot, Store, Uid, Worker},
 };
 
@@ -62,6 +66,8 @@ pub struct State {
     pub cleanup: Cleanup,
     pub gc: Gc,
     pub reconcilers: Vec<Reconciler>,
+    /// The guard's pod watch.
+    pub watch: Watch,
     pub ghost: Ghost,
 }
 
@@ -187,6 +193,15 @@ pub enum Action {
     ReconcilePatch(u8),
     Tick,
     Sync,
+    /// The guard's pod watch delivers its oldest event.
+    WatchDeliver,
+    /// The guard's pod watch fails and relists; the LIST sees the first `n` writes the
+    /// watch has yet to pass (all of them: a current list).
+    WatchRelist(u8),
+    /// The relist hands over its next listed pod.
+    WatchInitApply,
+    /// The relist is done.
+    WatchInitDone,
 }
 
 impl Action {
@@ -194,7 +209,11 @@ impl Action {
     pub fn is_system(self) -> bool {
         !matches!(
             self,
-            Action::Hatchery(_) | Action::PodPhase(_) | Action::AdversaryCreate(_) | Action::AdversaryDelete(_)
+            Action::Hatchery(_)
+                | Action::PodPhase(_)
+                | Action::AdversaryCreate(_)
+                | Action::AdversaryDelete(_)
+                | Action::WatchRelist(_)
         )
     }
 }
@@ -218,12 +237,14 @@ enum Change {
     Clock,
     /// The lagging replica caught up: only stale reads change.
     Replication,
+    /// The guard's pod watch changed what it shows or claims: the guard's answers change.
+    Watch,
 }
 
 // === impl State ===
 
 impl State {
-    pub fn initial(reconcilers: usize) -> Self {
+    pub fn initial(reconcilers: usize, lookup: variants::Lookup) -> Self {
         Self {
             store: Store::new(),
             ages: [0, 0, u8::MAX],
@@ -244,6 +265,7 @@ impl State {
                 };
                 reconcilers
             ],
+            watch: Watch::new(lookup),
             ghost: Ghost::default(),
         }
     }
@@ -255,14 +277,19 @@ impl State {
     fn changed(&mut self, change: Change) {
         // The cleanup reads pods (stale), secrets and their ages.
         self.cleanup.rerun = true;
-        // The garbage collector's deletes depend on the store and on ages (the guard).
-        if matches!(change, Change::Store | Change::Clock) {
+        // The garbage collector's deletes depend on the store, on ages and on the guard's
+        // pod watch (the guard).
+        if matches!(change, Change::Store | Change::Clock | Change::Watch) {
             self.gc.denied = Set::empty();
         }
     }
 
     fn write(&mut self, lag: Lag, change: impl FnOnce(&mut Snapshot)) {
+        let before = self.store.now.clone();
         self.store.write(lag, change);
+        if let Some(watch_lag) = lag.watch {
+            self.watch.write(watch::event(&before, &self.store.now), watch_lag);
+        }
         self.changed(Change::Store);
     }
 
@@ -307,6 +334,11 @@ impl GuardModel {
                 actions.push(Action::AdversaryDelete(name));
             }
         }
+        if s.watch.relist.is_none() && self.bounds.relists && self.reads_the_watch() {
+            for covered in 0..=s.watch.stream.len() {
+                actions.push(Action::WatchRelist(covered as u8));
+            }
+        }
     }
 
     /// The system's possible steps. None at all: the system is done for good, unless the
@@ -327,6 +359,12 @@ impl GuardModel {
         }
         if s.store.is_lagging() {
             actions.push(Action::Sync);
+        }
+        match s.watch.relist_handed_all() {
+            None if !s.watch.stream.is_empty() => actions.push(Action::WatchDeliver),
+            None => {}
+            Some(false) => actions.push(Action::WatchInitApply),
+            Some(true) => actions.push(Action::WatchInitDone),
         }
     }
 
@@ -381,6 +419,36 @@ impl GuardModel {
                 next.changed(Change::Replication);
                 Outcome::of("")
             }
+            Action::WatchDeliver => {
+                next.watch.deliver();
+                next.changed(Change::Watch);
+                Outcome::of(self.watch_claim(&next))
+            }
+            Action::WatchRelist(covered) => {
+                next.watch.relist(usize::from(covered));
+                // The real watch keeps its store, index and claim until the relist is done.
+                if self.variant.lookup == variants::Lookup::EarlyRelistClaim {
+                    next.changed(Change::Watch);
+                }
+                let listed = next
+                    .watch
+                    .relist
+                    .as_ref()
+                    .map_or_else(Vec::new, |r| r.listed_names().map(PodName::name).collect::<Vec<_>>());
+                Outcome::of(format!("pods {listed:?}; {}", self.watch_claim(&next)))
+            }
+            Action::WatchInitApply => {
+                next.watch.init_apply();
+                if self.variant.lookup == variants::Lookup::EarlyRelistClaim {
+                    next.changed(Change::Watch);
+                }
+                Outcome::of("")
+            }
+            Action::WatchInitDone => {
+                next.watch.init_done();
+                next.changed(Change::Watch);
+                Outcome::of(self.watch_claim(&next))
+            }
         };
         self.normalize(&mut next);
         (next != *s).then_some((next, outcome))
@@ -401,12 +469,33 @@ impl GuardModel {
             r.queued = r.queued.intersection(live);
         }
         s.store.forget_current_answers();
+        s.watch.normalize(self.bounds.relists);
     }
 
     fn k(&self) -> Lag {
         Lag {
             list: usize::from(self.bounds.k),
             cache: usize::from(self.bounds.cache_k),
+            watch: self.reads_the_watch().then_some(usize::from(self.bounds.watch_lag)),
+        }
+    }
+
+    /// Whether the configured guard reads the pod watch: one that does not (no guard, an
+    /// unreachable apiserver) runs without it.
+    fn reads_the_watch(&self) -> bool {
+        matches!(self.variant.guard, variants::Guard::Real | variants::Guard::OldRule3)
+    }
+
+    /// What the watch's claim lets the label index do now, for traces.
+    fn watch_claim(&self, s: &State) -> String {
+        let gate = if s.watch.current {
+            "claims the current revision"
+        } else {
+            "behind the current revision"
+        };
+        match s.watch.undelivered() {
+            0 => gate.to_owned(),
+            n => format!("{gate}, {n} event(s) undelivered"),
         }
     }
 
@@ -462,9 +551,15 @@ impl GuardModel {
         let Some(secret) = s.now().secret(id).cloned() else {
             return Outcome::of("404");
         };
-        let verdict = variants::admit(self.variant.guard, &self.memo, &self.view(s), id, &secret, requester);
+        let decision = variants::admit(self.variant.guard, &self.memo, &self.view(s), id, &secret, requester);
+        let verdict = decision.verdict;
+        let read = if decision.from_index {
+            "; label read from the watch's index"
+        } else {
+            ""
+        };
         if !verdict.allowed {
-            return Outcome::of(format!("403 denied ({})", verdict.reason));
+            return Outcome::of(format!("403 denied ({}{read})", verdict.reason));
         }
         if crate::properties::deletion_loses_secret(s, id) {
             s.ghost.lost = true;
@@ -477,7 +572,7 @@ impl GuardModel {
             variants::Guard::Off => "no guard".to_owned(),
             _ => verdict.reason.to_string(),
         };
-        Outcome::of(format!("200 deleted ({why})"))
+        Outcome::of(format!("200 deleted ({why}{read})"))
     }
 
     // --- hatchery ---

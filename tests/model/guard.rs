@@ -3,11 +3,20 @@
 //! through the real `mutation::mutate`. Each call converts the compact state into the
 //! k8s-openapi values the function takes.
 //!
-//! `decide` is async and reads only through `ClusterLookup`; the lookup here reads the
-//! model's store at the latest revision (a quorum read) and its futures are immediately
-//! ready, so `futures::executor::block_on` drives it: no runtime is involved.
+//! `decide` is async and reads only through `ClusterLookup`. The lookup here answers the
+//! way the server's `KubeLookup` does: the pod watch's store as the deny hint
+//! (`cached_pod`), the namespace cache, the label index when the revision gate lets it
+//! answer (`watch`), and every other read by quorum, at the store's latest revision. Its
+//! futures are immediately ready, so `futures::executor::block_on` drives it: no runtime
+//! is involved.
 
-use std::{collections::HashMap, sync::Mutex};
+use std::{
+    collections::HashMap,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use async_trait::async_trait;
 use cds_secret_guard::{
@@ -43,12 +52,27 @@ impl Requester {
     }
 }
 
-/// [`ClusterLookup`] over one snapshot of the model's store: the latest one, since the
-/// guard only makes quorum reads.
+/// What the guard's caches show a decision: the pod watch's store, and its label index
+/// when the revision gate lets it answer (see `watch`). The namespace cache is not kept:
+/// the model's one namespace is never deleted and the guard's namespace watch has listed
+/// it, so the cache always shows it alive.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Caches {
+    /// The pods the watch's store holds: the deny hint.
+    pub hint: [Option<Pod>; 3],
+    /// The label index, when the gate lets it stand in for the label LIST.
+    pub index: Option<[Option<Pod>; 3]>,
+}
+
+/// [`ClusterLookup`] as `KubeLookup` answers it, over the model's store (quorum reads see
+/// the latest revision) and the guard's caches.
 pub struct StoreLookup<'a> {
     pub snapshot: &'a Snapshot,
     pub ages: &'a [u8; 3],
     pub clock: &'a Clock,
+    pub caches: &'a Caches,
+    /// The label read was answered from the watch's index.
+    pub from_index: AtomicBool,
 }
 
 #[async_trait]
@@ -70,12 +94,17 @@ impl ClusterLookup for StoreLookup<'_> {
         if namespace != NAMESPACE {
             return Ok(Vec::new());
         }
-        Ok(self
-            .snapshot
-            .pods()
-            .map(|(n, p)| pod_state(n, p))
-            .filter(|pod| pod.labels.get(label).map(String::as_str) == Some(value))
-            .collect())
+        // `pods_labelled_from_watch`: the watch of this namespace selects on this label,
+        // and it has caught up with the revision a quorum read returns now; otherwise (or
+        // when it is not busy, which gives the same answer then) the LIST below.
+        let pods = match self.caches.index.as_ref().filter(|_| label == WORKER_LABEL) {
+            Some(index) => {
+                self.from_index.store(true, Ordering::Relaxed);
+                labelled(index.iter(), label, value)
+            }
+            None => labelled(self.snapshot.pods.iter(), label, value),
+        };
+        Ok(pods)
     }
 
     async fn secret_metadata(&self, namespace: &str, name: &str) -> cds_secret_guard::Result<Option<ObjectMeta>> {
@@ -89,17 +118,43 @@ impl ClusterLookup for StoreLookup<'_> {
     }
 
     async fn namespace_terminating(&self, _namespace: &str) -> cds_secret_guard::Result<bool> {
+        // The namespace cache shows it alive: `KubeLookup` answers without a read.
         Ok(false)
+    }
+
+    fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {
+        let name = PodName::ALL
+            .into_iter()
+            .find(|n| namespace == NAMESPACE && n.name() == name)?;
+        self.caches.hint[name.index()].as_ref().map(|p| pod_state(name, p))
     }
 }
 
-/// What a decision sees: the guard's configuration, the clock, and the store's latest
-/// revision (every read the guard makes is a quorum read).
+/// The pods of `pods` (by slot) carrying `label=value`.
+fn labelled<'p>(pods: impl Iterator<Item = &'p Option<Pod>>, label: &str, value: &str) -> Vec<PodState> {
+    PodName::ALL
+        .into_iter()
+        .zip(pods)
+        .filter_map(|(n, p)| p.as_ref().map(|p| pod_state(n, p)))
+        .filter(|pod| pod.labels.get(label).map(String::as_str) == Some(value))
+        .collect()
+}
+
+/// What a decision sees: the guard's configuration, the clock, the store's latest
+/// revision (its quorum reads) and its caches.
 pub struct View<'a> {
     pub policy: &'a PolicyConfig,
     pub clock: &'a Clock,
     pub snapshot: &'a Snapshot,
     pub ages: &'a [u8; 3],
+    pub caches: Caches,
+}
+
+/// A decision, and whether its label read was answered from the watch's index.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub from_index: bool,
 }
 
 impl View<'_> {
@@ -115,36 +170,39 @@ impl View<'_> {
 /// checker asks the same question in many states.
 #[derive(Default)]
 pub struct Memo {
-    decisions: Mutex<HashMap<DecisionKey, Verdict>>,
+    decisions: Mutex<HashMap<DecisionKey, Decision>>,
     adoptions: Mutex<HashMap<(PodName, Pod, SecretId, Secret), bool>>,
 }
 
-/// Everything a decision reads: the secret (with its age), the pods, the requester.
+/// Everything a decision reads: the secret (with its age), the pods, the caches, the
+/// requester.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct DecisionKey {
     id: SecretId,
     secret: Secret,
     age: u8,
     pods: [Option<Pod>; 3],
+    caches: Caches,
     requester: Requester,
 }
 
 impl Memo {
     /// [`decide`], once per distinct input.
-    pub fn decide(&self, view: &View<'_>, id: SecretId, secret: &Secret, requester: Requester) -> Verdict {
+    pub fn decide(&self, view: &View<'_>, id: SecretId, secret: &Secret, requester: Requester) -> Decision {
         let key = DecisionKey {
             id,
             secret: secret.clone(),
             age: view.ages[id.index()],
             pods: view.snapshot.pods.clone(),
+            caches: view.caches.clone(),
             requester,
         };
-        if let Some(verdict) = lock(&self.decisions).get(&key) {
-            return verdict.clone();
+        if let Some(decision) = lock(&self.decisions).get(&key) {
+            return decision.clone();
         }
-        let verdict = decide(view, id, secret, requester);
-        lock(&self.decisions).insert(key, verdict.clone());
-        verdict
+        let decision = decide(view, id, secret, requester);
+        lock(&self.decisions).insert(key, decision.clone());
+        decision
     }
 
     /// [`adoptable`], once per distinct input (the age of the secret plays no part).
@@ -164,14 +222,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The real validating decision on a DELETE of `id` by `requester`, with the secret as it
-/// is now (`oldObject`) and quorum reads of the current snapshot.
-pub fn decide(view: &View<'_>, id: SecretId, secret: &Secret, requester: Requester) -> Verdict {
+/// is now (`oldObject`), the guard's caches and quorum reads of the current snapshot.
+pub fn decide(view: &View<'_>, id: SecretId, secret: &Secret, requester: Requester) -> Decision {
     let lookup = StoreLookup {
         snapshot: view.snapshot,
         ages: view.ages,
         clock: view.clock,
+        caches: &view.caches,
+        from_index: AtomicBool::new(false),
     };
-    decide_with(view, id, secret, requester, &lookup)
+    let verdict = decide_with(view, id, secret, requester, &lookup);
+    Decision {
+        verdict,
+        from_index: lookup.from_index.load(Ordering::Relaxed),
+    }
 }
 
 /// The real validating decision when every read fails (the apiserver unreachable).
@@ -268,12 +332,19 @@ mod checks {
 
     fn store(secret: Secret, pods: &[(PodName, Pod)]) -> Store {
         let mut store = Store::new();
-        store.write(Lag { list: 0, cache: 0 }, |snap| {
-            snap.secrets[Worker::W1.secret().index()] = Some(secret);
-            for (name, pod) in pods {
-                snap.pods[name.index()] = Some(pod.clone());
-            }
-        });
+        store.write(
+            Lag {
+                list: 0,
+                cache: 0,
+                watch: None,
+            },
+            |snap| {
+                snap.secrets[Worker::W1.secret().index()] = Some(secret);
+                for (name, pod) in pods {
+                    snap.pods[name.index()] = Some(pod.clone());
+                }
+            },
+        );
         store
     }
 
@@ -285,10 +356,11 @@ mod checks {
             clock: &clock,
             snapshot: &store.now,
             ages: &ages,
+            caches: Caches::default(),
         };
         let id = Worker::W1.secret();
         let secret = store.now.secret(id).unwrap();
-        decide(&view, id, secret, Requester::Hatchery)
+        decide(&view, id, secret, Requester::Hatchery).verdict
     }
 
     #[test]
@@ -340,6 +412,7 @@ mod checks {
             clock: &clock,
             snapshot: &empty.now,
             ages: &ages,
+            caches: Caches::default(),
         };
         let (s1, db) = (Worker::W1.secret(), SecretId::DbPassword);
         let secret = Secret::default();

@@ -5,9 +5,13 @@
 //! kubelet, the garbage collector, the guard's reconciler and an adversary who may create
 //! and delete any pod but touch no secret (`actors`). Every secret DELETE is decided by
 //! the real `policy::decide`, every adoption vetted by the real `owner_refs::may_adopt`,
-//! every pod created through the real `mutation::mutate` (`guard`). The properties and
-//! why they are stated as they are, including the name-squat case, are in `properties`;
-//! the deliberately broken guards and adoptions the model must catch in `variants`.
+//! every pod created through the real `mutation::mutate` (`guard`). The decision's lookup
+//! answers as the server's does: the deny hint and the label index from the guard's pod
+//! watch, an ordered, lagging stream of the worker-labelled pods' events with relists,
+//! whose index answers only behind the revision gate (`watch`, replayed into the real
+//! `PodWatch` by its checks). The properties and why they are stated as they are,
+//! including the name-squat case, are in `properties`; the deliberately broken guards,
+//! lookups and adoptions the model must catch in `variants`.
 //!
 //! `cargo test` checks the short bounds; `make model` the deep ones (`--ignored`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -18,6 +22,7 @@ mod model;
 mod properties;
 mod trace;
 mod variants;
+mod watch;
 mod world;
 
 use std::{
@@ -30,13 +35,14 @@ use stateright::{Checker, Expectation, HasDiscoveries, Model};
 use crate::{
     model::{Bounds, Catalogue, GuardModel, Variant},
     properties::{ADOPTED, NO_CONFUSED_DEPUTY, NO_LEAK, NO_LOST_SECRET},
-    variants::{Adoption, Cleanup, Guard},
+    variants::{Adoption, Cleanup, Guard, Lookup},
 };
 
 /// What `cargo test` checks: one worker (`w1` of `h1`, whose cleanup runs), one adversary
 /// pod out of one per attack class (5 kinds), the cleanup's pod list one change behind
 /// (K=1), the reconciler's cache current, a grace period of one tick for the guard and for
-/// the after-fix cleanup, one reconciler.
+/// the after-fix cleanup, one reconciler, the guard's pod watch at most one write behind
+/// and never relisting.
 fn short() -> Bounds {
     Bounds {
         workers: 1,
@@ -46,7 +52,22 @@ fn short() -> Bounds {
         client_grace_ticks: 1,
         adversary_pods: 1,
         reconcilers: 1,
+        watch_lag: 1,
+        relists: false,
         catalogue: Catalogue::Representative,
+    }
+}
+
+/// The short bounds as `cargo test` checks them with each cleanup: with the before-fix
+/// one, the guard's pod watch catches up with every write (a lagging watch triples the
+/// states, and the guard reads the watch alike whichever cleanup runs).
+fn short_for(cleanup: Cleanup) -> Bounds {
+    match cleanup {
+        Cleanup::AfterFix => short(),
+        Cleanup::BeforeFix => Bounds {
+            watch_lag: 0,
+            ..short()
+        },
     }
 }
 
@@ -153,7 +174,7 @@ fn the_protocol_holds_with_the_cleanup_after_upstreams_fix() {
 }
 
 fn check_short(cleanup: Cleanup) {
-    let run = check_all(short(), Variant::real(cleanup));
+    let run = check_all(short_for(cleanup), Variant::real(cleanup));
     println!(
         "short bounds, cleanup {cleanup:?}: {} states ({} unique), depth {}, {:.1?}",
         run.states, run.unique, run.depth, run.time
@@ -173,7 +194,7 @@ fn every_run_of_system_steps_ends_with_the_cleanup_after_upstreams_fix() {
 
 fn check_no_system_cycle(cleanup: Cleanup) {
     let started = Instant::now();
-    let states = GuardModel::new(short(), Variant::real(cleanup))
+    let states = GuardModel::new(short_for(cleanup), Variant::real(cleanup))
         .system_steps_terminate()
         .unwrap_or_else(|cyclic| panic!("cleanup {cleanup:?}: {cyclic} states on a cycle of system steps"));
     println!(
@@ -244,6 +265,50 @@ fn the_old_rule_3_loses_secrets() {
         .expect("allowing every owner-gone delete must lose a secret a live pod uses");
     println!("old rule 3: {NO_LOST_SECRET} fails:\n{trace}");
     assert!(trace.contains("owner-gone"), "the old rule 3 allows it:\n{trace}");
+}
+
+/// A broken lookup or watch must lose a secret: a delete allowed on the word of the
+/// watch's index while a live pod of the worker uses the secret.
+fn the_index_loses_a_secret(lookup: Lookup, bounds: Bounds) -> String {
+    let variant = Variant {
+        lookup,
+        ..Variant::real(Cleanup::AfterFix)
+    };
+    let trace = counterexample(bounds, variant, NO_LOST_SECRET)
+        .unwrap_or_else(|| panic!("the lookup {lookup:?} must lose a secret a live pod uses"));
+    println!(
+        "lookup {lookup:?}: {NO_LOST_SECRET} fails in {} steps:\n{trace}",
+        trace.lines().count()
+    );
+    assert!(
+        trace
+            .lines()
+            .any(|step| step.contains("200 deleted") && step.contains("label read from the watch's index")),
+        "the index answers the label read of the delete:\n{trace}"
+    );
+    trace
+}
+
+#[test]
+fn absence_answered_from_the_index_without_the_revision_gate_loses_secrets() {
+    the_index_loses_a_secret(Lookup::Ungated, short());
+}
+
+#[test]
+fn a_gate_on_the_watchs_own_revision_loses_secrets() {
+    the_index_loses_a_secret(Lookup::OwnRevision, short());
+}
+
+#[test]
+fn a_relist_that_claims_its_revision_before_its_index_is_complete_loses_secrets() {
+    let trace = the_index_loses_a_secret(
+        Lookup::EarlyRelistClaim,
+        Bounds {
+            relists: true,
+            ..short()
+        },
+    );
+    assert!(trace.contains("relist"), "the watch relists:\n{trace}");
 }
 
 #[test]

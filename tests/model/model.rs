@@ -7,9 +7,9 @@ use stateright::{Model, Property};
 
 use crate::{
     actors::{Action, State},
-    guard::{self, Memo, View},
+    guard::{self, Caches, Memo, View},
     properties,
-    variants::{Adoption, Cleanup, Guard},
+    variants::{Adoption, Cleanup, Guard, Lookup},
     world::{Clock, PodName, PodShape, SecretId, Set, Worker},
 };
 
@@ -32,6 +32,11 @@ pub struct Bounds {
     pub adversary_pods: u8,
     /// Reconciler replicas (each with its own watch and queue).
     pub reconcilers: u8,
+    /// Writes the guard's pod watch may be behind: the events of the last `watch_lag`
+    /// writes may be undelivered (0: each is delivered with its write).
+    pub watch_lag: u8,
+    /// The guard's pod watch may fail and relist (at any time, any number of times).
+    pub relists: bool,
     /// Which pods the adversary may create.
     pub catalogue: Catalogue,
 }
@@ -63,10 +68,11 @@ pub struct GuardModel {
     pub memo: Memo,
 }
 
-/// Which guard, adoption and cleanup run.
+/// Which guard, lookup, adoption and cleanup run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
     pub guard: Guard,
+    pub lookup: Lookup,
     pub adoption: Adoption,
     pub cleanup: Cleanup,
 }
@@ -76,6 +82,7 @@ impl Variant {
     pub fn real(cleanup: Cleanup) -> Self {
         Self {
             guard: Guard::Real,
+            lookup: Lookup::Server,
             adoption: Adoption::Real,
             cleanup,
         }
@@ -130,6 +137,10 @@ impl GuardModel {
             clock: &self.clock,
             snapshot: s.now(),
             ages: &s.ages,
+            caches: Caches {
+                hint: s.watch.shown.clone(),
+                index: s.watch.index_for_label_read(self.variant.lookup),
+            },
         }
     }
 
@@ -149,7 +160,10 @@ impl Model for GuardModel {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        vec![State::initial(usize::from(self.bounds.reconcilers))]
+        vec![State::initial(
+            usize::from(self.bounds.reconcilers),
+            self.variant.lookup,
+        )]
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {

@@ -37,8 +37,8 @@
 //!   or the worker's name was squatted.
 //!
 //! Liveness, under weak fairness of the system's actors (cleanup, garbage collector,
-//! reconciler, kubelet, clock, replication) while the environment (hatcheries, pod
-//! lifecycle, adversary) may stop at any point: every run of system steps alone is finite
+//! reconciler, kubelet, clock, replication, the guard's pod watch) while the environment
+//! (hatcheries, pod lifecycle, adversary, the watch's failures) may stop at any point: every run of system steps alone is finite
 //! (see `actors`), so every fair run ends in a *quiescent* state where no system actor can
 //! step, and stays there. A property that must hold "eventually" holds in every such
 //! state:

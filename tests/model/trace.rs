@@ -8,7 +8,7 @@ use stateright::Path;
 use crate::{
     actors::{Action, AdoptStep, CleanupRound, Hatchery, State},
     model::GuardModel,
-    world::{PodShape, SecretId, Set, Slot, Worker},
+    world::{Pod, PodName, PodShape, SecretId, Set, Slot, Worker},
 };
 
 /// The trace of a path, one numbered line per step.
@@ -102,8 +102,51 @@ pub fn describe(model: &GuardModel, s: &State, action: Action) -> (String, Strin
             format!("+{}", humantime::format_duration(model.clock.tick)),
         ),
         Action::Sync => ("replication".to_owned(), "lagging replica catches up".to_owned()),
+        Action::WatchDeliver => {
+            let call = s.watch.stream.first().and_then(Option::as_ref).map_or_else(
+                || "?".to_owned(),
+                |(name, pod)| {
+                    let kind = match (pod, &s.watch.shown[name.index()]) {
+                        (None, _) => "DELETED".to_owned(),
+                        (Some(pod), None) => format!("ADDED ({:?})", pod.phase),
+                        (Some(pod), Some(_)) => format!("MODIFIED ({})", state_of(pod)),
+                    };
+                    format!("event: pod {} {kind}", name.name())
+                },
+            );
+            ("guard's pod watch".to_owned(), call)
+        }
+        Action::WatchRelist(covered) => {
+            let behind = s.watch.stream.len() - usize::from(covered);
+            let freshness = match behind {
+                0 => "current".to_owned(),
+                n => format!("{n} write(s) behind"),
+            };
+            (
+                "guard's pod watch".to_owned(),
+                format!("watch fails: relist, LIST pods CDS_WORKER_NAME ({freshness})"),
+            )
+        }
+        Action::WatchInitApply => {
+            let name = s
+                .watch
+                .relist
+                .as_ref()
+                .and_then(|r| r.listed_names().nth(usize::from(r.handed)))
+                .map_or("?", PodName::name);
+            ("guard's pod watch".to_owned(), format!("relist: hand over pod {name}"))
+        }
+        Action::WatchInitDone => ("guard's pod watch".to_owned(), "relist done".to_owned()),
     };
     (actor, call)
+}
+
+fn state_of(pod: &Pod) -> String {
+    if pod.terminating {
+        "terminating".to_owned()
+    } else {
+        format!("{:?}", pod.phase)
+    }
 }
 
 fn freshness(answer: u8) -> String {

@@ -1,6 +1,8 @@
-//! Which guard, which adoption and which cleanup run in the model. The real guard and the
-//! real adoption are the product's functions (see `guard`); everything else here is a
-//! deliberately broken copy kept only to show that the model finds what they break.
+//! Which guard, which lookup, which adoption and which cleanup run in the model. The real
+//! guard and the real adoption are the product's functions (see `guard`), the real lookup
+//! answers as the server's `KubeLookup` does (see `guard` and `watch`); everything else
+//! here is a deliberately broken copy kept only to show that the model finds what they
+//! break.
 
 use cds_secret_guard::{
     config::PolicyConfig,
@@ -10,7 +12,7 @@ use cds_secret_guard::{
 };
 
 use crate::{
-    guard::{self, Memo, Requester, View},
+    guard::{self, Decision, Memo, Requester, View},
     world::{Secret, SecretId},
 };
 
@@ -27,6 +29,25 @@ pub enum Guard {
     /// fails closed, so nothing protected is ever deleted and secrets leak. Not a bug but
     /// the price of failing closed; here to show that the liveness properties bite.
     Unreachable,
+}
+
+/// How the guard's lookup answers (`ClusterLookup`, in `guard`), and how its pod watch
+/// claims revisions (`watch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// `KubeLookup` over the pod watch of `src/pod_cache.rs`: the watch's store as the
+    /// deny hint, the namespace cache, and the label index once the watch has caught up
+    /// with a revision read by quorum; every other read by quorum.
+    Server,
+    /// The label index answers, absence included, without the revision gate.
+    Ungated,
+    /// The gate waits for the watch's own revision instead of one read by quorum: it
+    /// never waits.
+    OwnRevision,
+    /// A relist claims its list's revision when it starts, and its index fills as the
+    /// listed pods are handed over: a read during the relist passes the gate on an
+    /// incomplete index.
+    EarlyRelistClaim,
 }
 
 /// How the reconciler picks and vets the secrets a pod may own.
@@ -56,9 +77,9 @@ pub fn admit(
     id: SecretId,
     secret: &Secret,
     requester: Requester,
-) -> Verdict {
-    match variant {
-        Guard::Real => memo.decide(view, id, secret, requester),
+) -> Decision {
+    let verdict = match variant {
+        Guard::Real => return memo.decide(view, id, secret, requester),
         Guard::Off => Verdict::allow(Reason::NotProtected, None, None, "no guard".to_owned()),
         Guard::Unreachable => guard::decide_unreachable(view, id, secret, requester),
         Guard::OldRule3 => {
@@ -70,9 +91,13 @@ pub fn admit(
                 // whatever else uses the secret now.
                 Verdict::allow(Reason::OwnerGone, None, None, "all Pod owners gone".to_owned())
             } else {
-                memo.decide(view, id, secret, requester)
+                return memo.decide(view, id, secret, requester);
             }
         }
+    };
+    Decision {
+        verdict,
+        from_index: false,
     }
 }
 

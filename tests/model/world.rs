@@ -377,6 +377,9 @@ pub struct Lag {
     pub list: usize,
     /// The reconciler's secret cache.
     pub cache: usize,
+    /// The guard's pod watch, in writes (`watch`); `None` when the guard reads no watch,
+    /// which is then left out.
+    pub watch: Option<usize>,
 }
 
 /// The answers a stale read may still get: for each stale read in the model, its last `k`
