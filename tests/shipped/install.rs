@@ -159,13 +159,15 @@ impl Release {
     }
 }
 
-/// The guard's pods in `namespace`: name, node, ready.
+/// The guard's pods in `namespace`, but those terminating (an earlier install's, whose
+/// Deployment is gone): name, node, ready.
 pub fn guard_pods(namespace: &str) -> Vec<(String, String, bool)> {
     let pods = kubectl_json(&["-n", namespace, "get", "pods", "-l", GUARD_PODS]);
     pods["items"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
         .map(|pod| {
             let ready = pod["status"]["conditions"]
                 .as_array()
