@@ -94,9 +94,11 @@ impl ClusterLookup for StoreLookup<'_> {
         if namespace != NAMESPACE {
             return Ok(Vec::new());
         }
-        // `pods_labelled_from_watch`: the watch of this namespace selects on this label,
-        // and it has caught up with the revision a quorum read returns now; otherwise (or
-        // when it is not busy, which gives the same answer then) the LIST below.
+        // `KubeLookup::pods_labelled` and `namesake_and_labelled` (whose namesake comes
+        // from the same quorum read as the revision, as `pod` reads it here): the watch of
+        // this namespace selects on this label, and it has caught up with the revision a
+        // quorum read returns now; otherwise (or when it is not busy, which gives the same
+        // answer then) the LIST below.
         let pods = match self.caches.index.as_ref().filter(|_| label == WORKER_LABEL) {
             Some(index) => {
                 self.from_index.store(true, Ordering::Relaxed);
