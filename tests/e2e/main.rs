@@ -162,21 +162,15 @@ async fn a_labelled_live_pod_past_the_first_page_keeps_its_secret() {
     );
 }
 
-/// While worker pods change all the time, the guard answers the worker label from its pod
-/// watch once the watch has caught up with a revision read after the request, in place of
-/// a LIST that scans the namespace. A pod labelled for the worker, created just before the
-/// delete, must still keep the secret; a true orphan still goes.
-#[tokio::test]
-async fn under_worker_pod_churn_the_label_is_read_from_the_watch_and_a_pod_just_created_counts() {
-    const ROUNDS: usize = 8;
-    let guard = shared_guard();
-    let ns = TestNamespace::new("churn").await;
+/// Keeps another worker's pod changing (until the task is aborted): the pod watch stays
+/// busy, as in a cluster where workers come and go.
+async fn churn_worker_pods(ns: &TestNamespace) -> tokio::task::JoinHandle<()> {
     ns.pods()
         .create(&Default::default(), &labelled_pod("churner", "w-other"))
         .await
         .unwrap();
     let pods = ns.pods();
-    let churn = tokio::spawn(async move {
+    tokio::spawn(async move {
         for n in 0u64.. {
             let patch = serde_json::json!({"metadata": {"annotations": {"churn": n.to_string()}}});
             pods.patch("churner", &Default::default(), &kube::api::Patch::Merge(&patch))
@@ -186,7 +180,19 @@ async fn under_worker_pod_churn_the_label_is_read_from_the_watch_and_a_pod_just_
             // must keep to count as busy.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    });
+    })
+}
+
+/// While worker pods change all the time, the guard answers the worker label from its pod
+/// watch once the watch has caught up with a revision read after the request, in place of
+/// a LIST that scans the namespace. A pod labelled for the worker, created just before the
+/// delete, must still keep the secret; a true orphan still goes.
+#[tokio::test]
+async fn under_worker_pod_churn_the_label_is_read_from_the_watch_and_a_pod_just_created_counts() {
+    const ROUNDS: usize = 8;
+    let guard = shared_guard();
+    let ns = TestNamespace::new("churn").await;
+    let churn = churn_worker_pods(&ns).await;
     for round in 0..ROUNDS {
         ns.worker_secret(&format!("w-race-{round}")).await;
     }
@@ -256,20 +262,7 @@ async fn under_worker_pod_churn_an_allow_reads_the_worker_pods_once() {
     const ROUNDS: usize = 8;
     let guard = shared_guard();
     let ns = TestNamespace::new("once").await;
-    ns.pods()
-        .create(&Default::default(), &labelled_pod("churner", "w-other"))
-        .await
-        .unwrap();
-    let pods = ns.pods();
-    let churn = tokio::spawn(async move {
-        for n in 0u64.. {
-            let patch = serde_json::json!({"metadata": {"annotations": {"churn": n.to_string()}}});
-            pods.patch("churner", &Default::default(), &kube::api::Patch::Merge(&patch))
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
+    let churn = churn_worker_pods(&ns).await;
     for round in 0..ROUNDS {
         ns.worker_secret(&format!("w-once-{round}")).await;
     }
