@@ -116,15 +116,6 @@ impl Guard {
 
 // === valid requests ===
 
-/// A delete of a worker secret 5 s old: kept (too young), without any cluster read.
-fn young_delete() -> Value {
-    set(
-        review("secret-delete"),
-        "/request/oldObject/metadata/creationTimestamp",
-        time_ago(Duration::from_secs(5)),
-    )
-}
-
 /// Posts a valid review on a new connection with a real HTTPS client, checks that it is
 /// answered with the right decision, and returns how long that took.
 async fn assert_answered(addr: SocketAddr, ca_dir: &Path) -> Duration {

@@ -326,11 +326,7 @@ async fn exported_metrics() -> String {
         .tls_built_in_root_certs(false)
         .build()
         .unwrap();
-    let young = set(
-        review("secret-delete"),
-        "/request/oldObject/metadata/creationTimestamp",
-        time_ago(Duration::from_secs(5)),
-    );
+    let young = young_delete();
     for (path, body) in [
         ("/validate", young),
         ("/validate", review("secret-delete")),

@@ -63,14 +63,6 @@ fn url(addr: SocketAddr, path: &str) -> String {
     format!("https://localhost:{}{path}", addr.port())
 }
 
-fn young_delete() -> Value {
-    set(
-        review("secret-delete"),
-        "/request/oldObject/metadata/creationTimestamp",
-        time_ago(Duration::from_secs(5)),
-    )
-}
-
 fn dev_certs(dir: &Path) {
     certs::write(dir, &["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
 }

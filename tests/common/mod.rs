@@ -60,6 +60,15 @@ pub fn time_ago(ago: Duration) -> Value {
     Value::String(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
 }
 
+/// A delete of a worker secret 5 s old: kept (too young), without any cluster read.
+pub fn young_delete() -> Value {
+    set(
+        review("secret-delete"),
+        "/request/oldObject/metadata/creationTimestamp",
+        time_ago(Duration::from_secs(5)),
+    )
+}
+
 /// The policy `serve` uses by default, as its flags make it.
 pub fn policy() -> PolicyConfig {
     use clap::Parser;

@@ -23,7 +23,7 @@ use std::{
 };
 
 use cds_secret_guard::config::Limits;
-use common::{attack, review, set, time_ago};
+use common::{attack, young_delete};
 use futures::StreamExt;
 use harness::{TestNamespace, kubectl};
 use install::{
@@ -427,14 +427,9 @@ async fn answered_by(addr: std::net::SocketAddr, server_name: &str, ca: &[u8]) {
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let young = set(
-        review("secret-delete"),
-        "/request/oldObject/metadata/creationTimestamp",
-        time_ago(Duration::from_secs(5)),
-    );
     let answer: serde_json::Value = client
         .post(format!("https://{server_name}:{}/validate", addr.port()))
-        .json(&young)
+        .json(&young_delete())
         .send()
         .await
         .expect("the abused replica answers")
