@@ -22,6 +22,10 @@
 # min of CPU (helm 20.1 min wall incl. ~1 min of module downloads, promtool 9.6
 # min); on an idle machine expect about 8-10 min. Go's caches grow by ~1.4 GB
 # (modules) and ~1.9 GB (build). Binary cache hit: under 0.1 s.
+# `build.sh prometheus` (the server, for `make dashboard` only), cold (empty Go build
+# cache; its modules were already downloaded, 36 s for `go mod tidy`): 18.0 min wall
+# on 2026-12-04 while other builds loaded the machine (load 13-25; nice 10 for the first
+# 13 min, then 0); ~0.85 GB of build cache.
 #
 # Env: CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard) moves the cache.
 set -euo pipefail
