@@ -31,8 +31,8 @@
 #   CDS_DASHBOARD_GUARD_PORTS   four ports: replica 0's TLS and probe ports, then replica 1's
 #   CDS_DASHBOARD_PROMETHEUS_PORT
 # The control plane is started with `tests/controlplane/cluster.sh up` (its CDS_CP_* ports)
-# unless it runs. The webhooks are registered under the usual name (cds-secret-guard), so
-# this replaces `make run --host`'s registration: run `make run` again after it.
+# unless it runs. The webhooks are registered under the usual name (cds-secret-guard) and
+# removed at the end: after it, run `hack/local.sh up --host` again if its guard was in use.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,7 +73,7 @@ fi
 prometheus_listen="127.0.0.1:${CDS_DASHBOARD_PROMETHEUS_PORT:-$(free_port)}"
 
 "$guard" certs --out "$state/certs" --host 127.0.0.1 --host localhost >/dev/null
-# As its service account, with the shipped role (as `make run` does).
+# As its service account, with the shipped role (as `hack/local.sh up --host` does).
 kubectl create namespace cds-secret-guard --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl -n cds-secret-guard apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
 "$cluster" sa-kubeconfig cds-secret-guard cds-secret-guard "$state/guard.kubeconfig"
