@@ -76,6 +76,10 @@ fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); 
 tools: ## Build helm and promtool (cached) into target/tools/bin
 	tests/tools/build.sh
 
+.PHONY: dashboard
+dashboard: ## Draw docs/dashboard.png from a real Prometheus scraping two guards under a CDS-like load, then fire the guard-down alert (about 10 min; builds prometheus, cached)
+	hack/dashboard.sh $(DASHBOARD_SECONDS)
+
 .PHONY: model
 model: ## The model check, deep bounds (tests/model): state counts and times per bound; MODEL_THREADS=2 for both cores
 	cargo test --release --locked --test model -- --ignored --nocapture the_protocol_holds_within_the_deep_bounds

@@ -1,30 +1,53 @@
 #!/usr/bin/env bash
-# Draws docs/dashboard.png: the panels of manifests/monitoring/dashboard.json, from a real
-# run. It starts a guard (debug build) against the local control plane, registers it,
-# runs a small CDS-like load for a few minutes (hack/dashboard.py: worker secrets and
-# pods, cleanups that delete too early, pods that end, orphans), scrapes the guard's
-# /metrics every 2 s, and plots the same queries with matplotlib (from PyPI, in a venv
-# under target/dashboard).
+# `make dashboard`: draws docs/dashboard.png from a real Prometheus, and shows the
+# guard-down alert firing in it.
 #
-#   hack/dashboard.sh [SECONDS]      default 180
+#   hack/dashboard.sh [SECONDS]      load for SECONDS, default 180
 #
-# The scrapes are kept in target/dashboard/scrapes.json; to redraw from them:
-#   target/dashboard/venv/bin/python hack/dashboard.py --replay --scrapes target/dashboard/scrapes.json \
-#     --metrics - --dashboard manifests/monitoring/dashboard.json --out docs/dashboard.png
+# 1. Two guard replicas (debug build) run on the host against the local control plane, as
+#    the guard's service account with the shipped role; the webhooks are registered at the
+#    first replica's URL (a Service would do no better: the apiserver keeps one HTTP/2
+#    connection), both run the reconciler.
+# 2. A Prometheus built from the same module and version as promtool
+#    (tests/tools/build.sh prometheus, cached) scrapes both replicas' /metrics every 5 s,
+#    from a static scrape config: job cds-secret-guard, and the labels namespace and pod a
+#    ServiceMonitor would give them. It loads manifests/monitoring/alerts.yaml as it ships
+#    (rule_files) and evaluates it every 5 s.
+# 3. hack/dashboard.py runs a CDS-like load for SECONDS (worker secrets and pods, cleanups
+#    that delete too early, pods that end, orphans, two certificate renewals), then
+#    asks Prometheus each panel's own query of manifests/monitoring/dashboard.json
+#    (/api/v1/query_range) and draws the answers with matplotlib (from PyPI, in a venv
+#    under target/dashboard). It fails if a query returns no data.
+# 4. The webhooks are removed and every replica is stopped; the run waits until
+#    /api/v1/alerts shows CdsSecretGuardDown firing (its `for: 5m` unchanged: about 5 min)
+#    and fails if it does not.
 #
-# It registers the webhooks under the usual name (cds-secret-guard), so it replaces
-# `make run`'s registration, and removes it at the end: run `make run` again after it.
+# Prometheus's answers are kept in target/dashboard/answers.json, the alert in
+# target/dashboard/alerts.json; to redraw from the answers:
+#   target/dashboard/venv/bin/python hack/dashboard.py draw --replay --answers target/dashboard/answers.json \
+#     --dashboard manifests/monitoring/dashboard.json --out docs/dashboard.png
+#
+# Ports (all on 127.0.0.1) are free ones picked by the OS, unless set:
+#   CDS_DASHBOARD_GUARD_PORTS   four ports: replica 0's TLS and probe ports, then replica 1's
+#   CDS_DASHBOARD_PROMETHEUS_PORT
+# The control plane is started with `tests/controlplane/cluster.sh up` (its CDS_CP_* ports)
+# unless it runs. The webhooks are registered under the usual name (cds-secret-guard) and
+# removed at the end: after it, run `hack/local.sh up --host` again if its guard was in use.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 state="$repo/target/dashboard"
 guard="$repo/target/debug/cds-secret-guard"
+prometheus="$repo/target/tools/bin/prometheus"
 cluster="$repo/tests/controlplane/cluster.sh"
 seconds="${1:-180}"
+scrape_interval=5
+replicas=2
 log() { echo "dashboard.sh: $*" >&2; }
 
 mkdir -p "$state"
 (cd "$repo" && cargo build --locked --quiet --bin cds-secret-guard)
+"$repo/tests/tools/build.sh" prometheus
 "$cluster" up
 eval "$("$cluster" env)"
 
@@ -34,40 +57,119 @@ if [[ ! -x "$state/venv/bin/python" ]] || ! "$state/venv/bin/python" -c 'import 
 	python3 -m venv "$state/venv"
 	"$state/venv/bin/pip" install --quiet 'matplotlib==3.10.*'
 fi
+python="$state/venv/bin/python"
 
-# Free loopback ports for the guard (the OS picks them; we release and reuse them).
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-listen="127.0.0.1:$(free_port)"
-probes="127.0.0.1:$(free_port)"
+if [[ -n "${CDS_DASHBOARD_GUARD_PORTS:-}" ]]; then
+	read -r -a ports <<<"$CDS_DASHBOARD_GUARD_PORTS"
+	((${#ports[@]} == 2 * replicas)) || {
+		log "CDS_DASHBOARD_GUARD_PORTS: $((2 * replicas)) ports, not '${CDS_DASHBOARD_GUARD_PORTS}'"
+		exit 2
+	}
+else
+	ports=()
+	for _ in $(seq $((2 * replicas))); do ports+=("$(free_port)"); done
+fi
+prometheus_listen="127.0.0.1:${CDS_DASHBOARD_PROMETHEUS_PORT:-$(free_port)}"
 
 "$guard" certs --out "$state/certs" --host 127.0.0.1 --host localhost >/dev/null
-# As its service account, with the shipped role (as `make run` does).
+# As its service account, with the shipped role (as `hack/local.sh up --host` does).
 kubectl create namespace cds-secret-guard --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl -n cds-secret-guard apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
 "$cluster" sa-kubeconfig cds-secret-guard cds-secret-guard "$state/guard.kubeconfig"
-# A short grace period, so that a few minutes show every decision.
-KUBECONFIG="$state/guard.kubeconfig" CDS_GUARD_LISTEN="$listen" CDS_GUARD_PROBE_LISTEN="$probes" \
-	CDS_GUARD_TLS_CERT="$state/certs/tls.crt" CDS_GUARD_TLS_KEY="$state/certs/tls.key" \
-	CDS_GUARD_GRACE_PERIOD=20s \
-	"$guard" serve >"$state/guard.log" 2>&1 &
-guard_pid=$!
+
+guard_pids=()
+prometheus_pid=""
+stop_guards() {
+	local pid
+	for pid in "${guard_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	for pid in "${guard_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+	guard_pids=()
+}
 cleanup() {
 	kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard \
 		--ignore-not-found >/dev/null 2>&1 || true
-	kill -TERM "$guard_pid" 2>/dev/null || true
-	wait "$guard_pid" 2>/dev/null || true
+	stop_guards
+	if [[ -n "$prometheus_pid" ]]; then
+		kill -TERM "$prometheus_pid" 2>/dev/null || true
+		wait "$prometheus_pid" 2>/dev/null || true
+	fi
 }
 trap cleanup EXIT
-for _ in $(seq 100); do
-	curl -fsS "http://$probes/readyz" >/dev/null 2>&1 && break
+
+# A short grace period, so that a few minutes show every decision.
+targets=""
+for i in $(seq 0 $((replicas - 1))); do
+	listen="127.0.0.1:${ports[$((2 * i))]}"
+	probes="127.0.0.1:${ports[$((2 * i + 1))]}"
+	KUBECONFIG="$state/guard.kubeconfig" CDS_GUARD_LISTEN="$listen" CDS_GUARD_PROBE_LISTEN="$probes" \
+		CDS_GUARD_TLS_CERT="$state/certs/tls.crt" CDS_GUARD_TLS_KEY="$state/certs/tls.key" \
+		CDS_GUARD_GRACE_PERIOD=20s \
+		"$guard" serve >"$state/guard-$i.log" 2>&1 &
+	guard_pids+=($!)
+	for _ in $(seq 100); do
+		curl -fsS "http://$probes/readyz" >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	curl -fsS "http://$probes/readyz" >/dev/null || {
+		log "replica $i is not ready; see $state/guard-$i.log"
+		exit 1
+	}
+	if ((i == 0)); then first="$listen"; fi
+	targets+="      - targets: ['$probes']
+        labels: {namespace: cds-secret-guard, pod: cds-secret-guard-$i}
+"
+done
+"$guard" webhooks --url "https://$first" --ca-bundle "$state/certs/ca.crt" | kubectl apply -f - >/dev/null
+
+# Prometheus: a fresh TSDB each run.
+rm -rf "$state/prometheus"
+mkdir -p "$state/prometheus"
+cat >"$state/prometheus/prometheus.yml" <<EOF
+# Written by hack/dashboard.sh.
+global:
+  scrape_interval: ${scrape_interval}s
+  scrape_timeout: ${scrape_interval}s
+  evaluation_interval: 5s
+rule_files:
+  - $repo/manifests/monitoring/alerts.yaml
+scrape_configs:
+  - job_name: cds-secret-guard
+    static_configs:
+$targets
+EOF
+"$prometheus" --config.file="$state/prometheus/prometheus.yml" --storage.tsdb.path="$state/prometheus/data" \
+	--web.listen-address="$prometheus_listen" >"$state/prometheus/prometheus.log" 2>&1 &
+prometheus_pid=$!
+for _ in $(seq 300); do
+	curl -fsS "http://$prometheus_listen/-/ready" >/dev/null 2>&1 && break
+	kill -0 "$prometheus_pid" 2>/dev/null || {
+		tail -n 20 "$state/prometheus/prometheus.log" >&2
+		log "prometheus exited"
+		exit 1
+	}
 	sleep 0.1
 done
-"$guard" webhooks --url "https://$listen" --ca-bundle "$state/certs/ca.crt" | kubectl apply -f - >/dev/null
+curl -fsS "http://$prometheus_listen/-/ready" >/dev/null || {
+	log "prometheus is not ready; see $state/prometheus/prometheus.log"
+	exit 1
+}
+log "prometheus on http://$prometheus_listen scrapes ${replicas} replicas; load for ${seconds}s"
 
-log "load for ${seconds}s, scraping http://$probes/metrics"
 mkdir -p "$repo/docs"
-"$state/venv/bin/python" "$repo/hack/dashboard.py" \
-	--metrics "http://$probes/metrics" --seconds "$seconds" \
+"$python" "$repo/hack/dashboard.py" draw \
+	--prometheus "http://$prometheus_listen" --seconds "$seconds" --scrape-interval "$scrape_interval" \
+	--rotate "'$guard' certs --out '$state/certs' --host 127.0.0.1 --host localhost" \
 	--dashboard "$repo/manifests/monitoring/dashboard.json" --out "$repo/docs/dashboard.png" \
-	--scrapes "$state/scrapes.json"
+	--answers "$state/answers.json"
 log "wrote docs/dashboard.png"
+
+# Every replica stopped: the webhooks first (they fail closed, and the load's namespace is
+# still being deleted), then the guards.
+kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard >/dev/null
+stop_guards
+log "every replica stopped at $(date -u +%H:%M:%SZ); waiting for CdsSecretGuardDown (for: 5m)"
+"$python" "$repo/hack/dashboard.py" alert --prometheus "http://$prometheus_listen" \
+	--name CdsSecretGuardDown --timeout 420 >"$state/alerts.json"
+cat "$state/alerts.json"
+log "CdsSecretGuardDown fired; kept in target/dashboard/alerts.json"

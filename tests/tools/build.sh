@@ -4,6 +4,13 @@
 # (checks and unit-tests the alerting rules; pinned in promtool/go.mod), and
 # puts them in <repo>/target/tools/bin/.
 #
+#   tests/tools/build.sh              helm and promtool (`make test`, `make tools`)
+#   tests/tools/build.sh prometheus   the Prometheus server only (`make dashboard`),
+#                                     from the same module and version as promtool
+#                                     (pinned in prometheus/go.mod; the script fails
+#                                     if the two pins differ), cached under its own
+#                                     key, so it never enters `make test`'s path
+#
 # Same pattern as tests/controlplane/build.sh: the binaries are kept in a
 # machine-wide cache keyed by a hash of everything that decides their content
 # (go.mod/go.sum, the flags below, the Go version), so a fresh clone only links
@@ -15,9 +22,22 @@
 # min of CPU (helm 20.1 min wall incl. ~1 min of module downloads, promtool 9.6
 # min); on an idle machine expect about 8-10 min. Go's caches grow by ~1.4 GB
 # (modules) and ~1.9 GB (build). Binary cache hit: under 0.1 s.
+# `build.sh prometheus` (the server, for `make dashboard` only), cold (empty Go build
+# cache; its modules were already downloaded, 36 s for `go mod tidy`): 18.0 min wall
+# on 2026-12-04 while other builds loaded the machine (load 13-25; nice 10 for the first
+# 13 min, then 0); ~0.85 GB of build cache.
 #
 # Env: CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard) moves the cache.
 set -euo pipefail
+
+what="${1:-}"
+case "$what" in
+"" | prometheus) ;;
+*)
+	echo "usage: $0 [prometheus]" >&2
+	exit 2
+	;;
+esac
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -39,6 +59,74 @@ binaries=(helm promtool)
 # change the binaries) and no go.work from a parent directory.
 export CGO_ENABLED=0 GOWORK=off GOFLAGS=-buildvcs=false
 build_flags=(-trimpath)
+
+# The Prometheus server, for `make dashboard` (hack/dashboard.sh): a separate module,
+# because cmd/prometheus needs modules promtool's go.sum does not list, and a separate
+# key, so that building it never invalidates helm's and promtool's cache. Without the
+# builtinassets tag (the web UI's assets are not in the module zip): the HTTP API is
+# all the dashboard needs. remove_all_sd as for promtool: the dashboard's scrape
+# config is static, it needs no service-discovery plugin.
+build_prometheus() {
+	local pin_tool pin_server
+	pin_tool="$(awk '$1 == "github.com/prometheus/prometheus" {print $2}' "$here/promtool/go.mod")"
+	pin_server="$(awk '$1 == "github.com/prometheus/prometheus" {print $2}' "$here/prometheus/go.mod")"
+	if [[ -z "$pin_tool" || "$pin_tool" != "$pin_server" ]]; then
+		echo "build.sh: promtool pins prometheus ${pin_tool:-?}, the server ${pin_server:-?}: they must match" >&2
+		exit 1
+	fi
+	# Prometheus 3.16.0 is the Go module's v0.316.0.
+	if [[ "$pin_tool" != "$(awk -F. '{printf "v0.%d%02d.%d", $1, $2, $3}' <<<"$prometheus_version")" ]]; then
+		echo "build.sh: go.mod pins prometheus $pin_tool but prometheus_version is $prometheus_version" >&2
+		exit 1
+	fi
+	local key cache
+	key="$(
+		{
+			cat "$here/prometheus/go.mod" "$here/prometheus/go.sum"
+			echo "$promtool_ldflags|$promtool_tags|${build_flags[*]}|CGO_ENABLED=$CGO_ENABLED"
+			go env GOVERSION GOOS GOARCH
+		} | sha256sum | cut -c1-16
+	)"
+	cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/tools/prometheus-$key"
+	mkdir -p "$cache"
+	exec 9>"$cache/.lock"
+	flock 9
+	if [[ -x "$cache/bin/prometheus" ]]; then
+		echo "build.sh: cached prometheus $cache/bin"
+	else
+		echo "build.sh: building prometheus $prometheus_version into $cache/bin (cold: minutes)"
+		local tmp="$cache/bin.tmp.$$" t
+		rm -rf "$tmp" "$cache"/bin.tmp.*
+		mkdir -p "$tmp"
+		t=$(date +%s)
+		(cd "$here/prometheus" && go build "${build_flags[@]}" -tags "$promtool_tags" -ldflags "$promtool_ldflags" \
+			-o "$tmp/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
+		echo "build.sh: prometheus built in $(($(date +%s) - t))s"
+		rm -rf "$cache/bin"
+		mv "$tmp" "$cache/bin"
+	fi
+	link "$cache/bin" prometheus
+	echo "build.sh: $out/prometheus ready ($(($(date +%s) - t0))s)"
+}
+
+# Hard links when the cache is on the same file system, else copies; replacing
+# the directory entry is safe while an old binary runs.
+link() {
+	local from="$1" b
+	shift
+	mkdir -p "$out"
+	for b in "$@"; do
+		if [[ "$from/$b" -ef "$out/$b" ]]; then continue; fi
+		ln -f "$from/$b" "$out/$b" 2>/dev/null || {
+			cp "$from/$b" "$out/.$b.tmp" && mv -f "$out/.$b.tmp" "$out/$b"
+		}
+	done
+}
+
+if [[ "$what" == prometheus ]]; then
+	build_prometheus
+	exit 0
+fi
 
 key="$(
 	{
@@ -73,13 +161,5 @@ else
 	mv "$tmp" "$cache/bin"
 fi
 
-# Hard links when the cache is on the same file system, else copies; replacing
-# the directory entry is safe while an old binary runs.
-mkdir -p "$out"
-for b in "${binaries[@]}"; do
-	if [[ "$cache/bin/$b" -ef "$out/$b" ]]; then continue; fi
-	ln -f "$cache/bin/$b" "$out/$b" 2>/dev/null || {
-		cp "$cache/bin/$b" "$out/.$b.tmp" && mv -f "$out/.$b.tmp" "$out/$b"
-	}
-done
+link "$cache/bin" "${binaries[@]}"
 echo "build.sh: $out ready ($(($(date +%s) - t0))s)"
