@@ -122,6 +122,11 @@ impl Default for Metrics {
             "Serving certificate reloads by result",
             certificate_reloads.clone(),
         );
+        // At 0 from the start: a series that first appears at 1 is no increase to
+        // Prometheus, and the first rotation would not show.
+        for result in ["success", "error"] {
+            certificate_reloads.get_or_create(&ResultLabels { result });
+        }
         let certificate_expiry = Gauge::default();
         registry.register_with_unit(
             "certificate_expiry_timestamp",
@@ -284,5 +289,23 @@ impl Drop for LookupTimer<'_> {
         if self.failed {
             self.metrics.lookup_errors.inc();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_certificate_reload_series_start_at_zero() {
+        let metrics = Metrics::default();
+        let text = metrics.encode().expect("encodes");
+        for result in ["success", "error"] {
+            let line = format!("cds_secret_guard_certificate_reloads_total{{result=\"{result}\"}} 0\n");
+            assert!(text.contains(&line), "no {line:?} in\n{text}");
+        }
+        metrics.certificate_reload(true);
+        let text = metrics.encode().expect("encodes");
+        assert!(text.contains("cds_secret_guard_certificate_reloads_total{result=\"success\"} 1\n"));
     }
 }
