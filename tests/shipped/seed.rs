@@ -56,20 +56,30 @@ pub struct Outcome {
     pub failed: usize,
 }
 
-fn secret_name(worker: &str) -> String {
+pub fn secret_name(worker: &str) -> String {
     format!("cds-worker-config-{worker}")
 }
 
 async fn spawn(secrets: &Api<Secret>, pods: &Api<Pod>, worker: &str) {
-    let labels = json!({"CDS_HATCHERY_NAME": HATCHERY, "CDS_WORKER_NAME": worker});
+    create_secret(secrets, worker).await;
+    create_pod(pods, worker).await;
+}
+
+/// The hatchery's first step: the worker's secret, with the worker's labels.
+pub async fn create_secret(secrets: &Api<Secret>, worker: &str) {
     let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": secret_name(worker), "labels": labels},
+        "metadata": {"name": secret_name(worker), "labels": labels(worker)},
         "stringData": {"CDS_CONFIG": SECRET_VALUE},
     }))
     .unwrap();
     secrets.create(&PostParams::default(), &secret).await.unwrap();
+}
+
+/// The hatchery's second step: the worker's pod, which reads its secret and fails
+/// without it.
+pub async fn create_pod(pods: &Api<Pod>, worker: &str) {
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": worker, "labels": labels},
+        "metadata": {"name": worker, "labels": labels(worker)},
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
@@ -85,6 +95,10 @@ async fn spawn(secrets: &Api<Secret>, pods: &Api<Pod>, worker: &str) {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
+}
+
+fn labels(worker: &str) -> serde_json::Value {
+    json!({"CDS_HATCHERY_NAME": HATCHERY, "CDS_WORKER_NAME": worker})
 }
 
 /// The cleanup's deletes so far, by how they ended.
@@ -238,13 +252,35 @@ impl Load {
             if outcome.completed.len() + outcome.config_errors.len() == self.workers.len() {
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "workers neither completed nor stuck after 180 s: {} completed, {} without config, of {}",
-                outcome.completed.len(),
-                outcome.config_errors.len(),
-                self.workers.len()
-            );
+            if Instant::now() >= deadline {
+                let others: Vec<String> = pods
+                    .items
+                    .iter()
+                    .filter(|pod| {
+                        let name = pod.metadata.name.as_ref().unwrap();
+                        !outcome.completed.contains(name) && !outcome.config_errors.contains(name)
+                    })
+                    .map(|pod| {
+                        let status = pod.status.clone().unwrap_or_default();
+                        format!(
+                            "{}: {:?} {:?} {:?}",
+                            pod.metadata.name.as_ref().unwrap(),
+                            status.phase,
+                            status.conditions,
+                            status
+                                .container_statuses
+                                .map(|c| c.into_iter().map(|c| c.state).collect::<Vec<_>>())
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "workers neither completed nor stuck after 180 s: {} completed, {} without config, of {}; the others:\n{}",
+                    outcome.completed.len(),
+                    outcome.config_errors.len(),
+                    self.workers.len(),
+                    others.join("\n")
+                );
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         self.reaping.store(false, Ordering::Relaxed);
