@@ -125,7 +125,7 @@ impl Default for Metrics {
         // At 0 from the start: a series that first appears at 1 is no increase to
         // Prometheus, and the first rotation would not show.
         for result in ["success", "error"] {
-            certificate_reloads.get_or_create(&ResultLabels { result });
+            let _ = certificate_reloads.get_or_create(&ResultLabels { result });
         }
         let certificate_expiry = Gauge::default();
         registry.register_with_unit(
