@@ -5,7 +5,9 @@
 #      through the router, with allocations per request   (benches/admission.rs)
 #   2. the guard against its ceiling over TLS, HTTP/1.1 and HTTP/2, alternating
 #                                                          (examples/bench_tls.rs, ceiling.rs)
-#   3. the apiserver path, memory and the reconciler's load on a local control plane of
+#   3. a worker's start on the node (`cluster.sh up --node`), with the chart's guard and
+#      without it, alternating                             (examples/bench_node.rs)
+#   4. the apiserver path, memory and the reconciler's load on a local control plane of
 #      its own, on other ports than the usual one         (examples/bench_apiserver.rs)
 #
 # The load generator is oha from crates.io, installed once into
@@ -13,8 +15,9 @@
 # in target/bench/report.md.
 #
 # Env:
-#   BENCH_PARTS              which parts to run (default "inprocess tls apiserver")
+#   BENCH_PARTS              which parts to run (default "inprocess tls node apiserver")
 #   BENCH_TLS_ARGS           e.g. "--rounds 5 --duration 5s --connections 16"
+#   BENCH_NODE_ARGS          e.g. "--rounds 3 --workers 40 --every-ms 250"
 #   BENCH_APISERVER_ARGS     e.g. "--rounds 3 --duration 5s --pods 10000 --spawn-rate 50";
 #                            "--paths orphan,orphan-churn --no-reconciler": the allow paths only
 #   CDS_CP_APISERVER_PORT (9443), CDS_CP_ETCD_CLIENT_PORT (4379), CDS_CP_ETCD_PEER_PORT (4380):
@@ -25,7 +28,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 tools="$HOME/.cache/cds-secret-guard/tools"
 cluster="$repo/tests/controlplane/cluster.sh"
-parts="${BENCH_PARTS:-inprocess tls apiserver}"
+parts="${BENCH_PARTS:-inprocess tls node apiserver}"
 report="$repo/target/bench/report.md"
 export CDS_BENCH_REPORT="$report"
 export OHA="$tools/bin/oha"
@@ -69,7 +72,7 @@ command -v curl >/dev/null || { log "curl is needed"; exit 1; }
 # ---- build ----
 log "building (release)"
 # The bench profile (release settings, as `cargo bench` builds): one build serves all parts.
-cargo build --profile bench --locked --bins --benches --example ceiling --example bench_tls --example bench_apiserver
+cargo build --profile bench --locked --bins --benches --example ceiling --example bench_tls --example bench_node --example bench_apiserver
 
 mkdir -p "$(dirname "$report")"
 {
@@ -83,20 +86,29 @@ mkdir -p "$(dirname "$report")"
 
 # ---- 1. in-process ----
 if wants inprocess; then
-	log "1/3 in-process benchmarks (criterion)"
+	log "1/4 in-process benchmarks (criterion)"
 	cargo bench --locked --bench admission
 fi
 
 # ---- 2. guard vs ceiling over TLS ----
 if wants tls; then
-	log "2/3 guard vs ceiling over TLS"
+	log "2/4 guard vs ceiling over TLS"
 	# shellcheck disable=SC2086
 	target/release/examples/bench_tls ${BENCH_TLS_ARGS:-}
 fi
 
-# ---- 3. the apiserver path ----
+# ---- 3. a worker's start on the node ----
+if wants node; then
+	log "3/4 a worker's start on the node, with the chart's guard and without"
+	"$cluster" up --node
+	tests/tools/build.sh # helm
+	# shellcheck disable=SC2086
+	target/release/examples/bench_node ${BENCH_NODE_ARGS:-}
+fi
+
+# ---- 4. the apiserver path ----
 if wants apiserver; then
-	log "3/3 the apiserver path, on a control plane of its own"
+	log "4/4 the apiserver path, on a control plane of its own"
 	export CDS_CP_APISERVER_PORT="${CDS_CP_APISERVER_PORT:-9443}"
 	export CDS_CP_ETCD_CLIENT_PORT="${CDS_CP_ETCD_CLIENT_PORT:-4379}"
 	export CDS_CP_ETCD_PEER_PORT="${CDS_CP_ETCD_PEER_PORT:-4380}"
