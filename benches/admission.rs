@@ -35,16 +35,16 @@ use axum::{
     http::{Request, StatusCode},
 };
 use cds_secret_guard::{
-    Server, admission,
+    Server,
+    admission::{self, SecretObject},
     config::PolicyConfig,
     lookup::ClusterLookup,
-    pod::WorkerPod,
+    pod::PodObject,
     policy::{self, SecretDelete},
 };
 use common::{FakeCluster, config, pod, policy as default_policy, review, set, time_ago};
 use criterion::Criterion;
-use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
-use kube::core::PartialObjectMeta;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
 use serde_json::Value;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tokio::runtime::Runtime;
@@ -191,12 +191,12 @@ impl Fixtures {
             Op::DecidePodLive => drop(black_box(self.decide(&self.old, &self.live).await)),
             Op::DecideOrphan => drop(black_box(self.decide(&self.old, &self.empty).await)),
             Op::ValidateDecode => {
-                let request = admission::decode::<PartialObjectMeta<Secret>>(black_box(&self.validate_body));
+                let request = admission::decode::<SecretObject>(black_box(&self.validate_body));
                 drop(black_box(request.unwrap()));
             }
             Op::ValidateRouter => drop(black_box(self.post("/validate", &self.validate_body).await)),
             Op::MutateDecode => {
-                let request = admission::decode::<WorkerPod>(black_box(&self.mutate_body));
+                let request = admission::decode::<PodObject>(black_box(&self.mutate_body));
                 drop(black_box(request.unwrap()));
             }
             Op::MutateRouter => drop(black_box(self.post("/mutate", &self.mutate_body).await)),
