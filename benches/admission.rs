@@ -35,16 +35,16 @@ use axum::{
     http::{Request, StatusCode},
 };
 use cds_secret_guard::{
-    Server, admission,
+    Server,
+    admission::{self, SecretObject},
     config::PolicyConfig,
     lookup::ClusterLookup,
-    pod::WorkerPod,
+    pod::PodObject,
     policy::{self, SecretDelete},
 };
 use common::{FakeCluster, config, pod, policy as default_policy, review, set, time_ago};
 use criterion::Criterion;
-use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
-use kube::core::PartialObjectMeta;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
 use serde_json::Value;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tokio::runtime::Runtime;
@@ -191,12 +191,12 @@ impl Fixtures {
             Op::DecidePodLive => drop(black_box(self.decide(&self.old, &self.live).await)),
             Op::DecideOrphan => drop(black_box(self.decide(&self.old, &self.empty).await)),
             Op::ValidateDecode => {
-                let request = admission::decode::<PartialObjectMeta<Secret>>(black_box(&self.validate_body));
+                let request = admission::decode::<SecretObject>(black_box(&self.validate_body));
                 drop(black_box(request.unwrap()));
             }
             Op::ValidateRouter => drop(black_box(self.post("/validate", &self.validate_body).await)),
             Op::MutateDecode => {
-                let request = admission::decode::<WorkerPod>(black_box(&self.mutate_body));
+                let request = admission::decode::<PodObject>(black_box(&self.mutate_body));
                 drop(black_box(request.unwrap()));
             }
             Op::MutateRouter => drop(black_box(self.post("/mutate", &self.mutate_body).await)),
@@ -379,6 +379,34 @@ fn human(nanos: f64) -> String {
     }
 }
 
+/// The case named by `CDS_BENCH_PROFILE`, if set: only that case runs, for
+/// `PROFILE_TIME`, so that `perf record` sees nothing else.
+fn profiled_case() -> Option<String> {
+    std::env::var("CDS_BENCH_PROFILE").ok()
+}
+
+/// How long the profiled case runs.
+const PROFILE_TIME: Duration = Duration::from_secs(10);
+
+/// Runs one case, alone, for `PROFILE_TIME` (`CDS_BENCH_PROFILE=validate/router perf
+/// record -g … --bench`).
+fn profile(rt: &Runtime, fixtures: &Fixtures, name: &str) {
+    let Some(case) = CASES.iter().find(|case| case.name.starts_with(name)) else {
+        let names: Vec<&str> = CASES.iter().map(|case| case.name).collect();
+        panic!("no case {name:?}; the cases: {names:?}");
+    };
+    let start = Instant::now();
+    let mut ops = 0u64;
+    rt.block_on(async {
+        while start.elapsed() < PROFILE_TIME {
+            fixtures.run(case.op).await;
+            ops += 1;
+        }
+    });
+    let per_op = start.elapsed().as_nanos() as f64 / ops as f64;
+    println!("{}: {ops} operations, {} each", case.name, human(per_op));
+}
+
 fn main() {
     if !std::env::args().any(|arg| arg == "--bench") {
         println!(
@@ -390,6 +418,9 @@ fn main() {
     let rt = runtime();
     let fixtures = Fixtures::new();
     rt.block_on(fixtures.check());
+    if let Some(name) = profiled_case() {
+        return profile(&rt, &fixtures, &name);
+    }
     println!(
         "bodies: /validate {} bytes, /mutate {} bytes",
         fixtures.validate_body.len(),

@@ -211,23 +211,21 @@ fn summary(key: &Key, repeats: &Repeats) {
 
 /// The annotations a denial (or a warning) leaves in the apiserver's audit log. The
 /// apiserver prefixes each key with the webhook's name.
-pub fn annotations(verdict: &Verdict) -> HashMap<String, String> {
-    let mut annotations = HashMap::from([
-        (
-            "decision".to_owned(),
-            if verdict.allowed { "allow" } else { "deny" }.to_owned(),
-        ),
-        ("reason".to_owned(), verdict.reason.code().to_owned()),
-        ("message".to_owned(), verdict.message.clone()),
-    ]);
+pub fn annotations(verdict: &Verdict) -> Vec<(&'static str, String)> {
+    let decision = if verdict.allowed { "allow" } else { "deny" };
+    let mut annotations = vec![
+        ("decision", decision.to_owned()),
+        ("reason", verdict.reason.code().to_owned()),
+        ("message", verdict.message.clone()),
+    ];
     if let Some(worker) = &verdict.worker {
-        annotations.insert("worker".to_owned(), worker.clone());
+        annotations.push(("worker", worker.clone()));
     }
     if let Some(pod) = &verdict.pod {
-        annotations.insert("pod".to_owned(), format!("{} ({})", pod.name, pod.uid));
+        annotations.push(("pod", format!("{} ({})", pod.name, pod.uid)));
     }
     if let Some(age) = verdict.age {
-        annotations.insert("secret-age".to_owned(), format!("{}s", age.as_secs()));
+        annotations.push(("secret-age", format!("{}s", age.as_secs())));
     }
     annotations
 }

@@ -36,6 +36,17 @@ pub struct Events {
     metrics: Option<Arc<Metrics>>,
 }
 
+/// The secret a refused delete was for.
+#[derive(Debug, Clone, Copy)]
+pub struct SecretRef<'a> {
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// Its uid, when the request carried it.
+    pub uid: Option<&'a str>,
+}
+
 /// What happened to a secret.
 #[derive(Debug)]
 struct Note {
@@ -67,10 +78,14 @@ impl Events {
         }
     }
 
-    /// A delete of `secret` was refused, for `reason` (a rule's code).
-    pub fn delete_denied(&self, secret: ObjectReference, reason: &str, message: &str) {
+    /// A delete of `secret` was refused, for `reason` (a rule's code). Nothing is built
+    /// when there is nowhere to send it.
+    pub fn delete_denied(&self, secret: SecretRef<'_>, reason: &str, message: &str) {
+        if self.queue.is_none() {
+            return;
+        }
         self.send(Note {
-            secret,
+            secret: secret_reference(secret.namespace, secret.name, secret.uid),
             reason: "DeleteDenied",
             action: deny_action(reason),
             message: message.to_owned(),

@@ -29,13 +29,30 @@ pub struct PodMutation {
     pub patch: Patch,
 }
 
-/// The protected secrets a pod references, and the worker they name.
-pub fn protected_secrets(config: &PolicyConfig, spec: Option<&SecretReferences>) -> (BTreeSet<String>, Option<String>) {
-    let secrets: BTreeSet<String> = spec
-        .map(SecretReferences::names)
-        .unwrap_or_default()
+/// What the mutation reads of a pod: the secret names its spec references, its label
+/// keys and its protected-secrets annotation. The server reads it straight from the
+/// review's body ([`crate::pod::PodObject`]); [`mutate`] from a [`WorkerPod`].
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PodFacts<'p> {
+    /// Every secret name the spec references, in any order, repeats allowed.
+    pub secrets: Vec<&'p str>,
+    /// The keys of the pod's labels; `None` when it has no label map.
+    pub labels: Option<Vec<&'p str>>,
+    /// Whether the pod has an annotation map.
+    pub has_annotations: bool,
+    /// The value of [`PROTECTED_SECRETS_ANNOTATION`], if set.
+    pub listed: Option<&'p str>,
+}
+
+/// The protected secrets among a pod's secret references, and the worker they name.
+pub fn protected_secrets<'s>(
+    config: &PolicyConfig,
+    names: impl IntoIterator<Item = &'s str>,
+) -> (BTreeSet<String>, Option<String>) {
+    let secrets: BTreeSet<String> = names
         .into_iter()
-        .filter(|name| config.worker_of_secret_name(name).is_some())
+        .filter(|name| !name.is_empty() && config.worker_of_secret_name(name).is_some())
+        .map(str::to_owned)
         .collect();
     let workers: BTreeSet<String> = secrets
         .iter()
@@ -49,15 +66,35 @@ pub fn protected_secrets(config: &PolicyConfig, spec: Option<&SecretReferences>)
 /// Plans the patch for a pod. `hatchery` is the hatchery label of the pod's secret,
 /// when it could be read.
 pub fn mutate(config: &PolicyConfig, pod: &WorkerPod, hatchery: Option<&str>) -> PodMutation {
-    let (secrets, worker) = protected_secrets(config, pod.spec.as_ref());
+    let names = pod.spec.as_ref().map(SecretReferences::names).unwrap_or_default();
+    let meta = &pod.metadata;
+    let facts = PodFacts {
+        secrets: names.iter().map(String::as_str).collect(),
+        labels: meta
+            .labels
+            .as_ref()
+            .map(|labels| labels.keys().map(String::as_str).collect()),
+        has_annotations: meta.annotations.is_some(),
+        listed: meta
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get(PROTECTED_SECRETS_ANNOTATION))
+            .map(String::as_str),
+    };
+    plan(config, &facts, hatchery)
+}
+
+/// Plans the patch for what the mutation reads of a pod. `hatchery` is the hatchery
+/// label of the pod's secret, when it could be read.
+pub fn plan(config: &PolicyConfig, pod: &PodFacts<'_>, hatchery: Option<&str>) -> PodMutation {
+    let (secrets, worker) = protected_secrets(config, pod.secrets.iter().copied());
     if secrets.is_empty() {
         return PodMutation::default();
     }
-    let meta = &pod.metadata;
 
     let mut labels = BTreeMap::new();
-    let existing = meta.labels.as_ref();
-    let missing = |key: &str| existing.is_none_or(|labels| !labels.contains_key(key));
+    let existing = pod.labels.as_ref();
+    let missing = |key: &str| existing.is_none_or(|keys| !keys.contains(&key));
     if let Some(worker) = worker.as_deref().filter(|w| is_label_value(w)) {
         if missing(&config.worker_label) {
             labels.insert(config.worker_label.clone(), worker.to_owned());
@@ -67,15 +104,14 @@ pub fn mutate(config: &PolicyConfig, pod: &WorkerPod, hatchery: Option<&str>) ->
         }
     }
 
-    let listed = secrets.iter().cloned().collect::<Vec<_>>().join(",");
-    let annotations = meta.annotations.as_ref();
+    let listed = secrets.iter().map(String::as_str).collect::<Vec<_>>().join(",");
     let mut annotation = BTreeMap::new();
-    if annotations.and_then(|a| a.get(PROTECTED_SECRETS_ANNOTATION)) != Some(&listed) {
+    if pod.listed != Some(listed.as_str()) {
         annotation.insert(PROTECTED_SECRETS_ANNOTATION.to_owned(), listed);
     }
 
     let mut operations = add_entries("labels", existing.is_some(), labels);
-    operations.extend(add_entries("annotations", annotations.is_some(), annotation));
+    operations.extend(add_entries("annotations", pod.has_annotations, annotation));
     PodMutation {
         secrets,
         worker,

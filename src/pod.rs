@@ -5,10 +5,15 @@
 //!
 //! - [`PodState`]: what the decisions need to know of a pod, whoever read it;
 //! - [`PodLiveness`]: what the watches keep of every worker pod;
-//! - [`WorkerPod`]: a pod as the mutation and the adoption read it: its metadata, the
-//!   secrets its spec names, its phase.
+//! - [`WorkerPod`]: a pod as the adoption and the quorum reads see it: its metadata, the
+//!   secrets its spec names, its phase;
+//! - [`PodObject`]: a pod create's pod as `/mutate` reads it, borrowing from the review's
+//!   body: its label keys, its protected-secrets annotation, the secret names of its spec.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    marker::PhantomData,
+};
 
 use k8s_openapi::Resource as _;
 use k8s_openapi::{
@@ -17,7 +22,15 @@ use k8s_openapi::{
     },
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
 };
-use serde::{Deserialize, Serialize, de::IgnoredAny};
+use serde::{
+    Deserialize, Deserializer, Serialize,
+    de::{self, IgnoredAny},
+};
+
+use crate::{
+    admission::Text,
+    mutation::{PROTECTED_SECRETS_ANNOTATION, PodFacts},
+};
 
 /// What the policy needs to know about a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -163,6 +176,134 @@ pub struct ProjectionReference {
     pub secret: Option<SecretProjection>,
 }
 
+/// A pod create's pod as `/mutate` reads it, borrowing from the review's body: its label
+/// keys, its annotations' keys and values, and the secret names of its spec. Everything
+/// else (images, probes, plain env values, managed fields) is skipped, never built.
+#[derive(Debug, Default, Deserialize)]
+pub struct PodObject<'a> {
+    /// `apiVersion`, checked to be `v1`, as [`WorkerPod`] checks it.
+    #[serde(default, rename = "apiVersion", deserialize_with = "expect_v1")]
+    _api_version: (),
+    /// `kind`, checked to be `Pod`.
+    #[serde(default, rename = "kind", deserialize_with = "expect_pod")]
+    _kind: (),
+    /// Its labels and annotations.
+    #[serde(default, borrow)]
+    pub metadata: PodObjectMeta<'a>,
+    /// The secret names its spec references.
+    #[serde(default, borrow)]
+    pub spec: Option<SpecNames<'a>>,
+}
+
+/// The labels and annotations of a [`PodObject`], in the order of the body.
+#[derive(Debug, Default, Deserialize)]
+pub struct PodObjectMeta<'a> {
+    /// The labels, when the pod has a label map.
+    #[serde(default, borrow)]
+    pub labels: Option<Pairs<'a>>,
+    /// The annotations, when the pod has an annotation map.
+    #[serde(default, borrow)]
+    pub annotations: Option<Pairs<'a>>,
+}
+
+/// A map of strings as the entries of the body, without building a map.
+#[derive(Debug, Default)]
+pub struct Pairs<'a>(pub Vec<(Text<'a>, Text<'a>)>);
+
+/// The secret names a pod spec references: env `secretKeyRef`, `envFrom.secretRef`,
+/// secret and projected volumes, imagePullSecrets, in containers, init containers and
+/// ephemeral containers.
+#[derive(Debug, Default)]
+pub struct SpecNames<'a>(pub Vec<Text<'a>>);
+
+/// The parts of a spec that can name a secret, each list read as the names it holds.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecIn<'a> {
+    #[serde(default, borrow)]
+    containers: Option<NamesOf<'a, ContainerIn<'a>>>,
+    #[serde(default, borrow)]
+    init_containers: Option<NamesOf<'a, ContainerIn<'a>>>,
+    #[serde(default, borrow)]
+    ephemeral_containers: Option<NamesOf<'a, ContainerIn<'a>>>,
+    #[serde(default, borrow)]
+    volumes: Option<NamesOf<'a, VolumeIn<'a>>>,
+    #[serde(default, borrow)]
+    image_pull_secrets: Option<NamesOf<'a, NameIn<'a>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerIn<'a> {
+    #[serde(default, borrow)]
+    env: Option<NamesOf<'a, EnvVarIn<'a>>>,
+    #[serde(default, borrow)]
+    env_from: Option<NamesOf<'a, EnvFromIn<'a>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvVarIn<'a> {
+    #[serde(default, borrow)]
+    value_from: Option<EnvVarSourceIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvVarSourceIn<'a> {
+    #[serde(default, borrow)]
+    secret_key_ref: Option<NameIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvFromIn<'a> {
+    #[serde(default, borrow)]
+    secret_ref: Option<NameIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct VolumeIn<'a> {
+    #[serde(default, borrow)]
+    secret: Option<SecretVolumeIn<'a>>,
+    #[serde(default, borrow)]
+    projected: Option<ProjectedIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SecretVolumeIn<'a> {
+    #[serde(default, borrow)]
+    secret_name: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ProjectedIn<'a> {
+    #[serde(default, borrow)]
+    sources: Option<NamesOf<'a, ProjectionIn<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ProjectionIn<'a> {
+    #[serde(default, borrow)]
+    secret: Option<NameIn<'a>>,
+}
+
+/// `{"name": ...}`: a secret key selector, env source, projection or pull secret.
+#[derive(Deserialize)]
+struct NameIn<'a> {
+    #[serde(default, borrow)]
+    name: Text<'a>,
+}
+
+/// A list read as the secret names its items hold, without keeping the items.
+struct NamesOf<'a, T>(Vec<Text<'a>>, PhantomData<T>);
+
+/// An item of a list that can name secrets.
+trait Names<'a> {
+    fn names_into(self, names: &mut Vec<Text<'a>>);
+}
+
 macro_rules! pod_resource {
     ($($ty:ty),*) => {$(
         impl k8s_openapi::Resource for $ty {
@@ -300,6 +441,168 @@ impl From<&Pod> for PodState {
             &pod.metadata,
             pod.status.as_ref().and_then(|status| status.phase.as_ref()),
         )
+    }
+}
+
+// === impl PodObject ===
+
+impl PodObject<'_> {
+    /// What the mutation reads of this pod.
+    pub fn facts(&self) -> PodFacts<'_> {
+        let meta = &self.metadata;
+        PodFacts {
+            secrets: self
+                .spec
+                .iter()
+                .flat_map(|spec| spec.0.iter())
+                .map(|name| &**name)
+                .collect(),
+            labels: meta
+                .labels
+                .as_ref()
+                .map(|labels| labels.0.iter().map(|(key, _)| &**key).collect()),
+            has_annotations: meta.annotations.is_some(),
+            listed: meta
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(PROTECTED_SECRETS_ANNOTATION)),
+        }
+    }
+
+    /// Whether the pod carries `label`, whatever its value.
+    pub fn has_label(&self, label: &str) -> bool {
+        self.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels.get(label).is_some())
+    }
+}
+
+impl Pairs<'_> {
+    /// The value of `key`; the last one when the body repeats it, as a map keeps it.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| **k == *key)
+            .map(|(_, value)| &**value)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Pairs<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a>(PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> de::Visitor<'de> for Visitor<'a> {
+            type Value = Pairs<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of strings")
+            }
+
+            fn visit_map<M: de::MapAccess<'de>>(self, mut map: M) -> Result<Pairs<'a>, M::Error> {
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(8).min(32));
+                while let Some(pair) = map.next_entry::<Text<'a>, Text<'a>>()? {
+                    pairs.push(pair);
+                }
+                Ok(Pairs(pairs))
+            }
+        }
+
+        deserializer.deserialize_map(Visitor(PhantomData))
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for SpecNames<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let spec = SpecIn::deserialize(deserializer)?;
+        let mut names = Vec::new();
+        for containers in [spec.containers, spec.init_containers, spec.ephemeral_containers] {
+            NamesOf::into_names(containers, &mut names);
+        }
+        NamesOf::into_names(spec.volumes, &mut names);
+        NamesOf::into_names(spec.image_pull_secrets, &mut names);
+        Ok(Self(names))
+    }
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'de> + Names<'a>> Deserialize<'de> for NamesOf<'a, T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a, T>(PhantomData<(&'a (), T)>);
+
+        impl<'de: 'a, 'a, T: Deserialize<'de> + Names<'a>> de::Visitor<'de> for Visitor<'a, T> {
+            type Value = NamesOf<'a, T>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a sequence")
+            }
+
+            fn visit_seq<S: de::SeqAccess<'de>>(self, mut seq: S) -> Result<NamesOf<'a, T>, S::Error> {
+                let mut names = Vec::new();
+                while let Some(item) = seq.next_element::<T>()? {
+                    item.names_into(&mut names);
+                }
+                Ok(NamesOf(names, PhantomData))
+            }
+        }
+
+        deserializer.deserialize_seq(Visitor(PhantomData))
+    }
+}
+
+impl<'a, T> NamesOf<'a, T> {
+    fn into_names(list: Option<Self>, names: &mut Vec<Text<'a>>) {
+        if let Some(list) = list {
+            names.extend(list.0);
+        }
+    }
+}
+
+impl<'a> Names<'a> for ContainerIn<'a> {
+    fn names_into(self, names: &mut Vec<Text<'a>>) {
+        NamesOf::into_names(self.env, names);
+        NamesOf::into_names(self.env_from, names);
+    }
+}
+
+impl<'a> Names<'a> for EnvVarIn<'a> {
+    fn names_into(self, names: &mut Vec<Text<'a>>) {
+        if let Some(selector) = self.value_from.and_then(|source| source.secret_key_ref) {
+            names.push(selector.name);
+        }
+    }
+}
+
+impl<'a> Names<'a> for EnvFromIn<'a> {
+    fn names_into(self, names: &mut Vec<Text<'a>>) {
+        if let Some(source) = self.secret_ref {
+            names.push(source.name);
+        }
+    }
+}
+
+impl<'a> Names<'a> for VolumeIn<'a> {
+    fn names_into(self, names: &mut Vec<Text<'a>>) {
+        if let Some(name) = self.secret.and_then(|secret| secret.secret_name) {
+            names.push(name);
+        }
+        if let Some(projected) = self.projected {
+            NamesOf::into_names(projected.sources, names);
+        }
+    }
+}
+
+impl<'a> Names<'a> for ProjectionIn<'a> {
+    fn names_into(self, names: &mut Vec<Text<'a>>) {
+        if let Some(secret) = self.secret {
+            names.push(secret.name);
+        }
+    }
+}
+
+impl<'a> Names<'a> for NameIn<'a> {
+    fn names_into(self, names: &mut Vec<Text<'a>>) {
+        names.push(self.name);
     }
 }
 
@@ -494,5 +797,95 @@ mod tests {
         let mut json = json_pod();
         json["kind"] = serde_json::json!({});
         assert!(serde_json::from_value::<WorkerPod>(json).is_err());
+    }
+
+    fn pod_object(json: &serde_json::Value) -> std::result::Result<(), serde_json::Error> {
+        PodObject::deserialize(json).map(drop)
+    }
+
+    #[test]
+    fn a_pod_create_reads_the_secrets_labels_and_annotations_a_worker_pod_reads() {
+        let body = serde_json::to_string(&json_pod()).unwrap();
+        let lean: PodObject<'_> = serde_json::from_str(&body).unwrap();
+        let whole: WorkerPod = serde_json::from_str(&body).unwrap();
+
+        let facts = lean.facts();
+        let names: BTreeSet<String> = facts
+            .secrets
+            .iter()
+            .filter(|name| !name.is_empty())
+            .map(|name| (*name).to_owned())
+            .collect();
+        assert_eq!(names, whole.spec.as_ref().unwrap().names());
+        assert_eq!(facts.labels, Some(vec!["CDS_WORKER_NAME"]));
+        assert!(facts.has_annotations);
+        assert_eq!(facts.listed, None);
+        assert!(lean.has_label("CDS_WORKER_NAME") && !lean.has_label("CDS_HATCHERY_NAME"));
+        let borrowed = lean
+            .spec
+            .as_ref()
+            .unwrap()
+            .0
+            .iter()
+            .all(|name| matches!(name.0, std::borrow::Cow::Borrowed(_)));
+        assert!(borrowed, "the names are borrowed from the body");
+        let kept = format!("{lean:?}");
+        assert!(
+            !kept.contains("s3cr3t")
+                && !kept.contains("kubectl")
+                && !kept.contains("node-1")
+                && !kept.contains("ubuntu"),
+            "{kept}"
+        );
+    }
+
+    #[test]
+    fn the_mutation_plans_the_same_patch_from_either_reading() {
+        let mut json = json_pod();
+        json["spec"]["volumes"][0]["secret"]["secretName"] = "cds-worker-config-w1".into();
+        json["metadata"]["annotations"][crate::mutation::PROTECTED_SECRETS_ANNOTATION] = "stale".into();
+        let lean = PodObject::deserialize(&json).unwrap();
+        let whole: WorkerPod = serde_json::from_value(json.clone()).unwrap();
+        let policy = crate::fixtures::policy();
+        for hatchery in [None, Some("hatchery-1")] {
+            let planned = crate::mutation::plan(&policy, &lean.facts(), hatchery);
+            assert_eq!(planned, crate::mutation::mutate(&policy, &whole, hatchery));
+            assert!(!planned.patch.0.is_empty());
+        }
+    }
+
+    #[test]
+    fn missing_parts_of_a_pod_are_empty() {
+        for json in [
+            serde_json::json!({}),
+            serde_json::json!({"metadata": {}, "spec": null}),
+            serde_json::json!({"spec": {"containers": [{"env": null, "envFrom": [{"configMapRef": {"name": "c"}}]}], "volumes": null}}),
+        ] {
+            let pod = PodObject::deserialize(&json).unwrap();
+            assert_eq!(pod.facts(), PodFacts::default(), "{json}");
+        }
+    }
+
+    #[rstest::rstest]
+    #[case::containers_not_a_list("/spec/containers", serde_json::json!("not a list"), "expected a sequence")]
+    #[case::label_not_a_string("/metadata/labels/CDS_WORKER_NAME", serde_json::json!(1), "expected a string")]
+    #[case::labels_not_a_map("/metadata/labels", serde_json::json!(["a"]), "expected a map of strings")]
+    #[case::secret_name_not_a_string(
+        "/spec/containers/0/env/1/valueFrom/secretKeyRef/name",
+        serde_json::json!(5),
+        "expected a string"
+    )]
+    #[case::volume_name_not_a_string("/spec/volumes/0/secret/secretName", serde_json::json!({}), "expected a string")]
+    #[case::another_kind("/kind", serde_json::json!("ReplicaSet"), "invalid value: string \"ReplicaSet\", expected Pod")]
+    #[case::another_version("/apiVersion", serde_json::json!("apps/v1"), "expected v1")]
+    fn a_pod_of_the_wrong_shape_is_a_clear_error(
+        #[case] pointer: &str,
+        #[case] value: serde_json::Value,
+        #[case] message: &str,
+    ) {
+        let mut json = json_pod();
+        *json.pointer_mut(pointer).unwrap() = value;
+        let error = pod_object(&json).unwrap_err().to_string();
+        assert!(error.contains(message), "{error} lacks {message}");
     }
 }

@@ -4,31 +4,29 @@
 use std::collections::BTreeSet;
 
 use futures::future::join_all;
-use k8s_openapi::{api::core::v1::Secret, jiff::Timestamp};
-use kube::core::{
-    PartialObjectMeta,
-    admission::{AdmissionRequest, AdmissionResponse},
-};
+use k8s_openapi::jiff::Timestamp;
+use kube::core::Status;
 use tokio::time::Instant;
 
 use super::AppState;
 use crate::{
+    admission::{Answer, ReviewRequest, SecretObject},
     audit::{self, Requester},
     config::Mode,
     events,
     lookup::{ClusterLookup, Deadline},
     mutation,
-    pod::WorkerPod,
+    pod::PodObject,
     policy::{self, Reason, SecretDelete, Verdict},
 };
 
 /// Decides on a secret delete, audits the decision and counts it. A decision still
 /// running at `deadline` is a denial like any other failed lookup, audited the same way.
-pub async fn validate_delete(
+pub async fn validate_delete<'a>(
     state: &AppState,
-    request: &AdmissionRequest<PartialObjectMeta<Secret>>,
+    request: &'a ReviewRequest<'a, SecretObject>,
     deadline: Instant,
-) -> AdmissionResponse {
+) -> Answer<'a> {
     let old_object = request.old_object.as_ref().map(|secret| &secret.metadata);
     let delete = SecretDelete {
         namespace: request.namespace.as_deref().unwrap_or_default(),
@@ -63,37 +61,44 @@ pub async fn validate_delete(
     // A dry run has no side effect (the webhook says `sideEffects: NoneOnDryRun`).
     if enforced && !verdict.allowed && !request.dry_run {
         let uid = old_object.and_then(|secret| secret.uid.as_deref());
-        let secret = events::secret_reference(delete.namespace, delete.name, uid);
+        let secret = events::SecretRef {
+            namespace: delete.namespace,
+            name: delete.name,
+            uid,
+        };
         state
             .events
             .delete_denied(secret, verdict.reason.code(), &verdict.message);
     }
     let outcome = audit::outcome(&verdict, enforced);
     state.metrics.decision("DELETE", outcome, verdict.reason.code());
-    respond(request, &verdict, enforced)
+    respond(&request.uid, verdict, enforced)
 }
 
-fn respond<T: kube::Resource>(request: &AdmissionRequest<T>, verdict: &Verdict, enforced: bool) -> AdmissionResponse {
-    let mut response = AdmissionResponse::from(request);
+fn respond(uid: &str, verdict: Verdict, enforced: bool) -> Answer<'_> {
+    let mut answer = Answer::allow(uid);
     if verdict.allowed {
-        return response;
+        return answer;
     }
-    response.audit_annotations = audit::annotations(verdict);
+    answer.audit_annotations = audit::annotations(&verdict);
     if enforced {
-        let mut response = response.deny(&verdict.message);
+        answer.allowed = false;
         // Forbidden, not kube's default Bad Request: the request was fine, the delete is not allowed.
-        response.result.code = 403;
-        response.result.reason = "Forbidden".to_owned();
-        response
+        answer.status = Some(Status {
+            code: 403,
+            message: verdict.message,
+            reason: "Forbidden".to_owned(),
+            ..Status::default()
+        });
     } else {
-        response.warnings = Some(vec![format!("cds-secret-guard would deny: {}", verdict.message)]);
-        response
+        answer.warnings = vec![format!("cds-secret-guard would deny: {}", verdict.message)];
     }
+    answer
 }
 
 /// The secret's name. The per-item DELETEs of a deletecollection carry an empty
 /// `request.name`: the name is then only in `oldObject`.
-fn secret_name(request: &AdmissionRequest<PartialObjectMeta<Secret>>) -> &str {
+fn secret_name<'a>(request: &'a ReviewRequest<'a, SecretObject>) -> &'a str {
     match request
         .old_object
         .as_ref()
@@ -109,7 +114,7 @@ fn secret_name(request: &AdmissionRequest<PartialObjectMeta<Secret>>) -> &str {
 /// answer in time only leaves that label out.
 pub async fn mutate_pod(
     state: &AppState,
-    request: &AdmissionRequest<WorkerPod>,
+    request: &ReviewRequest<'_, PodObject<'_>>,
     deadline: Instant,
 ) -> Option<json_patch::Patch> {
     let Some(pod) = request.object.as_ref() else {
@@ -117,7 +122,8 @@ pub async fn mutate_pod(
         return None;
     };
     let policy = &state.policy;
-    let (secrets, worker) = mutation::protected_secrets(policy, pod.spec.as_ref());
+    let facts = pod.facts();
+    let (secrets, worker) = mutation::protected_secrets(policy, facts.secrets.iter().copied());
     if secrets.is_empty() {
         state.metrics.decision("CREATE", "skip", "no-protected-secret");
         return None;
@@ -130,7 +136,7 @@ pub async fn mutate_pod(
         }
         _ => None,
     };
-    let mutation = mutation::mutate(policy, pod, hatchery.as_deref());
+    let mutation = mutation::plan(policy, &facts, hatchery.as_deref());
     let changed = !mutation.patch.0.is_empty();
     let decision = if changed { "patch" } else { "unchanged" };
     state.metrics.decision("CREATE", decision, "protected-secret");

@@ -21,25 +21,21 @@ use axum::{
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use cds_secret_guard::{
     Config, Error, Result, Server,
-    admission::{self, API_VERSION},
+    admission::{self, API_VERSION, Answer, ReviewRequest, SecretObject},
     cli::{Cli, Command},
     config::{Mode, PolicyConfig},
     lookup::ClusterLookup,
     mutation::PROTECTED_SECRETS_ANNOTATION,
-    pod::{PodState, WorkerPod},
+    pod::{PodObject, PodState},
     policy,
 };
 use json_patch::{Patch, PatchOperation};
 use k8s_openapi::{
-    api::core::v1::Secret,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::{SignedDuration, Timestamp},
 };
-use kube::core::{
-    PartialObjectMeta, Resource,
-    admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
-};
-use serde::de::DeserializeOwned;
+use kube::core::admission::Operation;
+use serde::Deserialize;
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -486,7 +482,7 @@ impl Harness {
         let (scenario, body) = Scenario::split(input);
         let (status, bytes, reads) = self.post(scenario, "/validate", body);
         let mut outcome = Outcome::new(status, &reads);
-        let Some((request, answer)) = answered::<PartialObjectMeta<Secret>>(body, status, &bytes) else {
+        let Some((request, answer)) = answered::<SecretObject>(body, status, &bytes) else {
             assert!(reads.is_empty(), "a rejected body caused reads: {reads:?}");
             return outcome;
         };
@@ -533,13 +529,7 @@ impl Harness {
 
     /// The rules, from what the request said and what the cluster answered, whatever
     /// the order in which the guard asked.
-    fn check_rules(
-        &self,
-        request: &AdmissionRequest<PartialObjectMeta<Secret>>,
-        reads: &[Read],
-        allowed: bool,
-        answer: &Value,
-    ) {
+    fn check_rules(&self, request: &ReviewRequest<'_, SecretObject>, reads: &[Read], allowed: bool, answer: &Value) {
         let namespace = request.namespace.as_deref().unwrap_or_default();
         let old_object = request.old_object.as_ref().map(|secret| &secret.metadata);
         let exempt = self.policy.is_exempt(
@@ -610,7 +600,7 @@ impl Harness {
         let (scenario, body) = Scenario::split(input);
         let (status, bytes, reads) = self.post(scenario, "/mutate", body);
         let mut outcome = Outcome::new(status, &reads);
-        let Some((request, answer)) = answered::<WorkerPod>(body, status, &bytes) else {
+        let Some((request, answer)) = answered::<PodObject>(body, status, &bytes) else {
             assert!(reads.is_empty(), "a rejected body caused reads: {reads:?}");
             return outcome;
         };
@@ -621,8 +611,8 @@ impl Harness {
             reads.iter().all(|read| matches!(read, Read::Secret { .. })),
             "the mutation reads only secrets: {reads:?}"
         );
-        let pod = match &request.object {
-            Some(pod) if admission::is_for(&request, "Pod", Operation::Create) => pod,
+        match &request.object {
+            Some(_) if admission::is_for(&request, "Pod", Operation::Create) => {}
             _ => {
                 assert!(
                     response["patch"].is_null(),
@@ -631,7 +621,7 @@ impl Harness {
                 assert!(reads.is_empty(), "not a pod create, yet read the cluster: {reads:?}");
                 return outcome;
             }
-        };
+        }
         let Some(encoded) = response["patch"].as_str() else {
             assert!(response["patch"].is_null(), "the patch is not base64 text: {answer}");
             return outcome;
@@ -640,20 +630,35 @@ impl Harness {
         assert_eq!(response["patchType"], "JSONPatch", "{answer}");
         let patch = BASE64.decode(encoded).expect("the patch is base64");
         let patch: Patch = serde_json::from_slice(&patch).expect("the patch is a JSON Patch");
-        let patched = check_patch(pod, &patch);
+        // The pod as the apiserver holds it, to apply the patch to; a body beyond what
+        // serde_json reads as a `Value` (numbers past f64, nesting past 128) has none.
+        let Ok(review) = serde_json::from_slice::<Value>(body) else {
+            return outcome;
+        };
+        let patched = check_patch(&review["request"]["object"], &patch);
 
         // The apiserver reinvokes the webhook with the patched pod: nothing more to do.
-        let again = AdmissionReview {
-            types: request.types.clone(),
-            request: Some(AdmissionRequest {
-                object: Some(patched),
-                ..request.clone()
-            }),
-            response: None,
-        };
+        let again = serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": &*request.uid,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": &*request.name,
+                "namespace": request.namespace.as_deref(),
+                "operation": "CREATE",
+                "userInfo": {
+                    "username": request.user_info.username.as_deref(),
+                    "groups": request.user_info.groups,
+                },
+                "object": patched,
+                "dryRun": request.dry_run,
+            },
+        });
         let again = serde_json::to_vec(&again).expect("a review serialises");
         let (status, bytes, _) = self.post(scenario, "/mutate", &again);
-        let (_, answer) = answered::<WorkerPod>(&again, status, &bytes).expect("the reinvocation is a review");
+        let (_, answer) = answered::<PodObject>(&again, status, &bytes).expect("the reinvocation is a review");
         assert_eq!(answer["response"]["allowed"], true, "{answer}");
         assert!(
             answer["response"]["patch"].is_null(),
@@ -679,24 +684,20 @@ impl Outcome {
 /// The HTTP contract of both endpoints: never a 5xx; a body that decodes as a review
 /// gets a 200 with an AdmissionReview that echoes its uid; any other body gets a 4xx
 /// with an error message. Returns the decoded request and the answer of a 200.
-fn answered<T: Resource + DeserializeOwned>(
-    body: &[u8],
+fn answered<'a, O: Deserialize<'a>>(
+    body: &'a [u8],
     status: StatusCode,
     bytes: &[u8],
-) -> Option<(AdmissionRequest<T>, Value)> {
+) -> Option<(ReviewRequest<'a, O>, Value)> {
     let shown = || String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned();
     assert!(!status.is_server_error(), "{status} for {}", shown());
     let answer: Value = serde_json::from_slice(bytes).expect("every answer is JSON");
-    match admission::decode::<T>(body) {
+    match admission::decode::<O>(body) {
         Ok(request) => {
             assert_eq!(status, StatusCode::OK, "a review got {status}: {answer}\n{}", shown());
             assert_eq!(answer["apiVersion"], API_VERSION, "{answer}");
             assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
-            assert_eq!(
-                answer["response"]["uid"],
-                request.uid.as_str(),
-                "uid not echoed: {answer}"
-            );
+            assert_eq!(answer["response"]["uid"], &*request.uid, "uid not echoed: {answer}");
             Some((request, answer))
         }
         Err(error) => {
@@ -712,9 +713,9 @@ fn answered<T: Resource + DeserializeOwned>(
     }
 }
 
-/// The patch applies to the pod as the apiserver serialises it, only adds labels and
+/// The patch applies to the pod as the apiserver sent it, only adds labels and
 /// annotations, changes no existing label, and yields a pod. Returns the patched pod.
-fn check_patch(pod: &WorkerPod, patch: &Patch) -> WorkerPod {
+fn check_patch(pod: &Value, patch: &Patch) -> Value {
     assert!(!patch.0.is_empty(), "an empty patch was sent");
     for operation in &patch.0 {
         let PatchOperation::Add(add) = operation else {
@@ -726,22 +727,24 @@ fn check_patch(pod: &WorkerPod, patch: &Patch) -> WorkerPod {
             "the mutation only touches labels and annotations: {path}"
         );
     }
-    let mut document = serde_json::to_value(pod).expect("a pod serialises");
+    let mut document = pod.clone();
     if let Err(error) = json_patch::patch(&mut document, patch) {
         panic!("the patch does not apply ({error}): {patch:?}\n{document}");
     }
-    let patched: WorkerPod = serde_json::from_value(document).expect("the patched pod is a pod");
-    let before = pod.metadata.labels.clone().unwrap_or_default();
-    let after = patched.metadata.labels.clone().unwrap_or_default();
-    for (key, value) in &before {
+    PodObject::deserialize(&document).expect("the patched pod is a pod");
+    let map = |pod: &Value, field: &str| pod["metadata"][field].as_object().cloned().unwrap_or_default();
+    let after = map(&document, "labels");
+    for (key, value) in &map(pod, "labels") {
         assert_eq!(after.get(key), Some(value), "label {key} changed");
     }
-    let before = pod.metadata.annotations.clone().unwrap_or_default();
-    let after = patched.metadata.annotations.clone().unwrap_or_default();
-    for (key, value) in before.iter().filter(|(key, _)| *key != PROTECTED_SECRETS_ANNOTATION) {
+    let after = map(&document, "annotations");
+    for (key, value) in map(pod, "annotations")
+        .iter()
+        .filter(|(key, _)| *key != PROTECTED_SECRETS_ANNOTATION)
+    {
         assert_eq!(after.get(key), Some(value), "annotation {key} changed");
     }
-    patched
+    document
 }
 
 // === Decoding ===
@@ -754,8 +757,8 @@ fn check_patch(pod: &WorkerPod, patch: &Patch) -> WorkerPod {
 /// past 128), serde_json fails only where it buffers a field instead of skipping it, and
 /// the endpoints' types skip different fields: such a body may be a review for one.
 pub fn decode(body: &[u8]) {
-    let secret = admission::decode::<PartialObjectMeta<Secret>>(body);
-    let pod = admission::decode::<WorkerPod>(body);
+    let secret = admission::decode::<SecretObject>(body);
+    let pod = admission::decode::<PodObject>(body);
     let json = serde_json::from_slice::<Value>(body).ok();
     match (&secret, &pod, &json) {
         (Ok(secret), Ok(pod), _) => {
@@ -774,19 +777,19 @@ pub fn decode(body: &[u8]) {
     if let (Ok(request), Some(value)) = (&secret, &json) {
         assert_eq!(value["apiVersion"], API_VERSION);
         assert_eq!(value["kind"], "AdmissionReview");
-        assert_eq!(value["request"]["uid"], request.uid.as_str(), "the uid is the body's");
+        assert_eq!(value["request"]["uid"], &*request.uid, "the uid is the body's");
     }
     answerable(secret);
     answerable(pod);
 }
 
 /// A review can be answered, with its uid; anything else is a 4xx.
-fn answerable<T: Resource>(decoded: std::result::Result<AdmissionRequest<T>, admission::ApiError>) {
+fn answerable<O>(decoded: std::result::Result<ReviewRequest<'_, O>, admission::ApiError>) {
     match decoded {
         Ok(request) => {
-            let encoded = admission::encode(&AdmissionResponse::from(&request)).expect("a response encodes");
+            let encoded = admission::encode(&Answer::allow(&request.uid)).expect("a response encodes");
             let review: serde_json::Value = serde_json::from_slice(&encoded).expect("the answer is JSON");
-            assert_eq!(review["response"]["uid"], request.uid.as_str());
+            assert_eq!(review["response"]["uid"], &*request.uid);
         }
         Err(error) => {
             let status = error.into_response().status();
