@@ -73,7 +73,7 @@ fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); 
 	done
 
 .PHONY: tools
-tools: ## Build helm and promtool (cached) into target/tools/bin
+tools: ## Build helm, promtool and toxiproxy (cached) into target/tools/bin
 	tests/tools/build.sh
 
 .PHONY: model
