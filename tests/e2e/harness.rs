@@ -41,7 +41,7 @@ fn guard_binary() -> PathBuf {
     }
 }
 
-fn repo() -> &'static Path {
+pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -170,7 +170,7 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
     Client::try_from(config).unwrap()
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
