@@ -146,25 +146,6 @@ fn kubeconfig_through(server: &str) -> PathBuf {
     path
 }
 
-/// Keeps a worker-labelled pod changing (until aborted), as a cluster spawning workers
-/// does: the guard's pod watch stays busy.
-async fn churn_worker_pods(ns: &TestNamespace) -> tokio::task::JoinHandle<()> {
-    ns.pods()
-        .create(&Default::default(), &labelled_pod("churner", "w-other"))
-        .await
-        .unwrap();
-    let pods = ns.pods();
-    tokio::spawn(async move {
-        for n in 0u64.. {
-            let patch = json!({"metadata": {"annotations": {"churn": n.to_string()}}});
-            pods.patch("churner", &Default::default(), &kube::api::Patch::Merge(&patch))
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-}
-
 #[tokio::test]
 async fn a_lagging_pod_watch_never_lets_the_secret_of_a_pod_just_created_go() {
     let started = Instant::now();
