@@ -77,7 +77,7 @@ tools: ## Build helm, promtool and toxiproxy (cached) into target/tools/bin
 	tests/tools/build.sh
 
 .PHONY: model
-model: ## The model check, deep bounds (tests/model): state counts and times per bound; MODEL_THREADS=2 for both cores
+model: ## The model check, deep bounds (tests/model): state counts and times per bound; MODEL_THREADS=2 for both cores, MODEL_BOUNDS=text for the bounds named so
 	cargo test --release --locked --test model -- --ignored --nocapture the_protocol_holds_within_the_deep_bounds
 
 .PHONY: race
