@@ -73,7 +73,7 @@ fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); 
 	done
 
 .PHONY: tools
-tools: ## Build helm and promtool (cached) into target/tools/bin
+tools: ## Build helm, promtool and toxiproxy (cached) into target/tools/bin
 	tests/tools/build.sh
 
 .PHONY: dashboard
@@ -81,7 +81,7 @@ dashboard: ## Draw docs/dashboard.png from a real Prometheus scraping two guards
 	hack/dashboard.sh $(DASHBOARD_SECONDS)
 
 .PHONY: model
-model: ## The model check, deep bounds (tests/model): state counts and times per bound; MODEL_THREADS=2 for both cores
+model: ## The model check, deep bounds (tests/model): state counts and times per bound; MODEL_THREADS=2 for both cores, MODEL_BOUNDS=text for the bounds named so
 	cargo test --release --locked --test model -- --ignored --nocapture the_protocol_holds_within_the_deep_bounds
 
 .PHONY: race

@@ -41,7 +41,7 @@ fn guard_binary() -> PathBuf {
     }
 }
 
-fn repo() -> &'static Path {
+pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -170,7 +170,7 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
     Client::try_from(config).unwrap()
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
@@ -670,6 +670,27 @@ impl Drop for TestNamespace {
             .stdout(Stdio::null())
             .status();
     }
+}
+
+/// Keeps another worker's pod changing (until the task is aborted): the pod watch stays
+/// busy, as in a cluster where workers come and go.
+pub async fn churn_worker_pods(ns: &TestNamespace) -> tokio::task::JoinHandle<()> {
+    ns.pods()
+        .create(&Default::default(), &labelled_pod("churner", "w-other"))
+        .await
+        .unwrap();
+    let pods = ns.pods();
+    tokio::spawn(async move {
+        for n in 0u64.. {
+            let patch = serde_json::json!({"metadata": {"annotations": {"churn": n.to_string()}}});
+            pods.patch("churner", &Default::default(), &kube::api::Patch::Merge(&patch))
+                .await
+                .unwrap();
+            // As often as a busy cluster's workers change, well within the 50 ms a watch
+            // must keep to count as busy.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
 }
 
 /// The secret value the tests store: it must never appear in the guard's log.

@@ -162,27 +162,6 @@ async fn a_labelled_live_pod_past_the_first_page_keeps_its_secret() {
     );
 }
 
-/// Keeps another worker's pod changing (until the task is aborted): the pod watch stays
-/// busy, as in a cluster where workers come and go.
-async fn churn_worker_pods(ns: &TestNamespace) -> tokio::task::JoinHandle<()> {
-    ns.pods()
-        .create(&Default::default(), &labelled_pod("churner", "w-other"))
-        .await
-        .unwrap();
-    let pods = ns.pods();
-    tokio::spawn(async move {
-        for n in 0u64.. {
-            let patch = serde_json::json!({"metadata": {"annotations": {"churn": n.to_string()}}});
-            pods.patch("churner", &Default::default(), &kube::api::Patch::Merge(&patch))
-                .await
-                .unwrap();
-            // As often as a busy cluster's workers change, well within the 50 ms a watch
-            // must keep to count as busy.
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-}
-
 /// While worker pods change all the time, the guard answers the worker label from its pod
 /// watch once the watch has caught up with a revision read after the request, in place of
 /// a LIST that scans the namespace. A pod labelled for the worker, created just before the

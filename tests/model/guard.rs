@@ -207,6 +207,20 @@ impl Memo {
         decision
     }
 
+    /// The distinct decisions whose label read the watch's index answered: how many allowed
+    /// and how many denied.
+    pub fn index_answers(&self) -> (usize, usize) {
+        let decisions = lock(&self.decisions);
+        let from_index = decisions.values().filter(|d| d.from_index);
+        from_index.fold((0, 0), |(allowed, denied), d| {
+            if d.verdict.allowed {
+                (allowed + 1, denied)
+            } else {
+                (allowed, denied + 1)
+            }
+        })
+    }
+
     /// [`adoptable`], once per distinct input (the age of the secret plays no part).
     pub fn adoptable(&self, view: &View<'_>, name: PodName, pod: &Pod, id: SecretId, secret: &Secret) -> bool {
         let key = (name, pod.clone(), id, secret.clone());
