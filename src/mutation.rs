@@ -9,14 +9,12 @@ use json_patch::{AddOperation, Patch, PatchOperation};
 use jsonptr::PointerBuf;
 use serde_json::Value;
 
+pub use crate::pod::PROTECTED_SECRETS_ANNOTATION;
 use crate::{
     config::PolicyConfig,
-    pod::{SecretReferences, WorkerPod},
+    pod::{PodFacts, SecretReferences, WorkerPod},
     policy::is_label_value,
 };
-
-/// Annotation listing the protected secrets a pod uses.
-pub const PROTECTED_SECRETS_ANNOTATION: &str = "cds-secret-guard/protected-secrets";
 
 /// What the mutation found and what it changes.
 #[derive(Debug, Default, PartialEq)]
@@ -27,21 +25,6 @@ pub struct PodMutation {
     pub worker: Option<String>,
     /// The labels and annotations added.
     pub patch: Patch,
-}
-
-/// What the mutation reads of a pod: the secret names its spec references, its label
-/// keys and its protected-secrets annotation. The server reads it straight from the
-/// review's body ([`crate::pod::PodObject`]); [`mutate`] from a [`WorkerPod`].
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct PodFacts<'p> {
-    /// Every secret name the spec references, in any order, repeats allowed.
-    pub secrets: Vec<&'p str>,
-    /// The keys of the pod's labels; `None` when it has no label map.
-    pub labels: Option<Vec<&'p str>>,
-    /// Whether the pod has an annotation map.
-    pub has_annotations: bool,
-    /// The value of [`PROTECTED_SECRETS_ANNOTATION`], if set.
-    pub listed: Option<&'p str>,
 }
 
 /// The protected secrets among a pod's secret references, and the worker they name.

@@ -27,10 +27,25 @@ use serde::{
     de::{self, IgnoredAny},
 };
 
-use crate::{
-    admission::Text,
-    mutation::{PROTECTED_SECRETS_ANNOTATION, PodFacts},
-};
+use crate::admission::Text;
+
+/// Annotation listing the protected secrets a pod uses.
+pub const PROTECTED_SECRETS_ANNOTATION: &str = "cds-secret-guard/protected-secrets";
+
+/// What the mutation reads of a pod: the secret names its spec references, its label
+/// keys and its protected-secrets annotation. The server reads it straight from the
+/// review's body ([`PodObject`]); [`crate::mutation::mutate`] from a [`WorkerPod`].
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PodFacts<'p> {
+    /// Every secret name the spec references, in any order, repeats allowed.
+    pub secrets: Vec<&'p str>,
+    /// The keys of the pod's labels; `None` when it has no label map.
+    pub labels: Option<Vec<&'p str>>,
+    /// Whether the pod has an annotation map.
+    pub has_annotations: bool,
+    /// The value of [`PROTECTED_SECRETS_ANNOTATION`], if set.
+    pub listed: Option<&'p str>,
+}
 
 /// What the policy needs to know about a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
