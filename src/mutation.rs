@@ -71,6 +71,18 @@ pub fn mutate(config: &PolicyConfig, pod: &WorkerPod, hatchery: Option<&str>) ->
 /// label of the pod's secret, when it could be read.
 pub fn plan(config: &PolicyConfig, pod: &PodFacts<'_>, hatchery: Option<&str>) -> PodMutation {
     let (secrets, worker) = protected_secrets(config, pod.secrets.iter().copied());
+    plan_protected(config, pod, secrets, worker, hatchery)
+}
+
+/// [`plan`], once the pod's protected secrets and their worker are known
+/// ([`protected_secrets`]): the server finds them first, to skip other pods.
+pub fn plan_protected(
+    config: &PolicyConfig,
+    pod: &PodFacts<'_>,
+    secrets: BTreeSet<String>,
+    worker: Option<String>,
+    hatchery: Option<&str>,
+) -> PodMutation {
     if secrets.is_empty() {
         return PodMutation::default();
     }

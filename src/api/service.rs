@@ -136,7 +136,7 @@ pub async fn mutate_pod(
         }
         _ => None,
     };
-    let mutation = mutation::plan(policy, &facts, hatchery.as_deref());
+    let mutation = mutation::plan_protected(policy, &facts, secrets, worker, hatchery.as_deref());
     let changed = !mutation.patch.0.is_empty();
     let decision = if changed { "patch" } else { "unchanged" };
     state.metrics.decision("CREATE", decision, "protected-secret");
