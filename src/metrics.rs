@@ -196,6 +196,14 @@ impl Metrics {
         self.decisions.get_or_create(&labels).inc();
     }
 
+    /// Creates these decisions' series at 0, so that the first of each is an increase
+    /// Prometheus can see (a series that first appears at 1 is none).
+    pub fn decisions_from_zero(&self, series: impl IntoIterator<Item = DecisionLabels>) {
+        for labels in series {
+            let _ = self.decisions.get_or_create(&labels);
+        }
+    }
+
     /// Starts timing an admission request on `endpoint`.
     pub fn time_admission(&self, endpoint: &'static str) -> AdmissionTimer<'_> {
         AdmissionTimer {
@@ -307,5 +315,25 @@ mod tests {
         metrics.certificate_reload(true);
         let text = metrics.encode().expect("encodes");
         assert!(text.contains("cds_secret_guard_certificate_reloads_total{result=\"success\"} 1\n"));
+    }
+
+    #[test]
+    fn decisions_given_start_at_zero_and_count_on() {
+        let metrics = Metrics::default();
+        let labels = DecisionLabels {
+            operation: "DELETE",
+            decision: "deny",
+            reason: "pod-live",
+        };
+        metrics.decisions_from_zero([labels.clone()]);
+        let line = |n: u32| {
+            format!(
+                "cds_secret_guard_admission_decisions_total{{operation=\"DELETE\",decision=\"deny\",reason=\"pod-live\"}} {n}\n"
+            )
+        };
+        assert!(metrics.encode().expect("encodes").contains(&line(0)));
+        metrics.decision(labels.operation, labels.decision, labels.reason);
+        metrics.decisions_from_zero([labels]);
+        assert!(metrics.encode().expect("encodes").contains(&line(1)));
     }
 }

@@ -440,6 +440,25 @@ impl PolicyConfig {
 // === impl Reason ===
 
 impl Reason {
+    /// Every reason, for metrics that start at zero.
+    pub const ALL: [Reason; 10] = [
+        Self::NotProtected,
+        Self::NotFound,
+        Self::OutOfScope,
+        Self::Exempt,
+        Self::OwnerGone,
+        Self::TooYoung,
+        Self::PodLive,
+        Self::LookupFailed,
+        Self::Orphan,
+        Self::NamespaceTerminating,
+    ];
+
+    /// Whether a verdict for this reason refuses the delete (in warn mode: would).
+    pub fn denies(self) -> bool {
+        matches!(self, Self::TooYoung | Self::PodLive | Self::LookupFailed)
+    }
+
     /// The stable code of this reason.
     pub fn code(self) -> &'static str {
         match self {
@@ -468,21 +487,24 @@ impl fmt::Display for Reason {
 impl Verdict {
     /// An allow by `reason`.
     pub fn allow(reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
+        debug_assert!(!reason.denies(), "{reason} is a reason to deny");
+        Self::new(true, reason, worker, age, message)
+    }
+
+    /// A denial by `reason`.
+    pub fn deny(reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
+        debug_assert!(reason.denies(), "{reason} is a reason to allow");
+        Self::new(false, reason, worker, age, message)
+    }
+
+    fn new(allowed: bool, reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
         Self {
-            allowed: true,
+            allowed,
             reason,
             message,
             worker,
             pod: None,
             age,
-        }
-    }
-
-    /// A denial by `reason`.
-    pub fn deny(reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
-        Self {
-            allowed: false,
-            ..Self::allow(reason, worker, age, message)
         }
     }
 

@@ -567,3 +567,59 @@ async fn slow_secret_reads_leave_only_the_hatchery_label_out() {
     );
     assert!(!patch.to_string().contains("CDS_HATCHERY_NAME"), "{patch}");
 }
+
+/// A series that first appears at 1 is no increase to Prometheus: the first denial of a
+/// kind would not show on a dashboard or fire an alert. Every decision the guard can
+/// make is exported at 0 before any review, with the outcome the mode gives it.
+#[rstest]
+#[case::enforce(Mode::Enforce, "deny")]
+#[case::warn(Mode::Warn, "warn")]
+#[tokio::test]
+async fn every_decision_is_exported_at_zero_before_the_first(#[case] mode: Mode, #[case] refused: &str) {
+    let server = server(
+        Arc::new(FakeCluster::default()),
+        cds_secret_guard::config::PolicyConfig { mode, ..policy() },
+    );
+
+    let (_, metrics) = get_text(&server.probe_router(), "/metrics").await;
+
+    let series: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("cds_secret_guard_admission_decisions_total{"))
+        .collect();
+    let at_zero = |operation: &str, decision: &str, reason: &str| {
+        let labels = format!("{{operation=\"{operation}\",decision=\"{decision}\",reason=\"{reason}\"}} 0");
+        series.iter().any(|line| line.ends_with(&labels))
+    };
+    for reason in ["too-young", "pod-live", "lookup-failed"] {
+        assert!(
+            at_zero("DELETE", refused, reason),
+            "no {refused} {reason} at 0: {series:#?}"
+        );
+    }
+    for reason in [
+        "not-protected",
+        "not-found",
+        "out-of-scope",
+        "exempt",
+        "owner-gone",
+        "orphan",
+        "namespace-terminating",
+    ] {
+        assert!(
+            at_zero("DELETE", "allow", reason),
+            "no allow {reason} at 0: {series:#?}"
+        );
+    }
+    for (decision, reason) in [
+        ("patch", "protected-secret"),
+        ("unchanged", "protected-secret"),
+        ("skip", "no-protected-secret"),
+    ] {
+        assert!(
+            at_zero("CREATE", decision, reason),
+            "no {decision} {reason} at 0: {series:#?}"
+        );
+    }
+    assert_eq!(series.len(), 13, "only the decisions the guard can make: {series:#?}");
+}

@@ -15,10 +15,39 @@ use crate::{
     config::Mode,
     events,
     lookup::{ClusterLookup, Deadline},
+    metrics::DecisionLabels,
     mutation,
     pod::PodObject,
     policy::{self, Reason, SecretDelete, Verdict},
 };
+
+/// Every decision the services count, for `admission_decisions_total` to start at 0: a
+/// delete's reason with the outcome it has in `mode`, and the pod mutation's outcomes.
+pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
+    let refused = if mode == Mode::Enforce { "deny" } else { "warn" };
+    let deletes = Reason::ALL.into_iter().map(move |reason| DecisionLabels {
+        operation: "DELETE",
+        decision: if reason.denies() { refused } else { "allow" },
+        reason: reason.code(),
+    });
+    let creates = [
+        (SKIPPED, NO_PROTECTED_SECRET),
+        (PATCHED, PROTECTED_SECRET),
+        (UNCHANGED, PROTECTED_SECRET),
+    ]
+    .map(|(decision, reason)| DecisionLabels {
+        operation: "CREATE",
+        decision,
+        reason,
+    });
+    deletes.chain(creates)
+}
+
+const SKIPPED: &str = "skip";
+const PATCHED: &str = "patch";
+const UNCHANGED: &str = "unchanged";
+const NO_PROTECTED_SECRET: &str = "no-protected-secret";
+const PROTECTED_SECRET: &str = "protected-secret";
 
 /// Decides on a secret delete, audits the decision and counts it. A decision still
 /// running at `deadline` is a denial like any other failed lookup, audited the same way.
@@ -125,7 +154,7 @@ pub async fn mutate_pod(
     let facts = pod.facts();
     let (secrets, worker) = mutation::protected_secrets(policy, facts.secrets.iter().copied());
     if secrets.is_empty() {
-        state.metrics.decision("CREATE", "skip", "no-protected-secret");
+        state.metrics.decision("CREATE", SKIPPED, NO_PROTECTED_SECRET);
         return None;
     }
     let hatchery = match (&worker, request.namespace.as_deref()) {
@@ -138,8 +167,8 @@ pub async fn mutate_pod(
     };
     let mutation = mutation::plan_protected(policy, &facts, secrets, worker, hatchery.as_deref());
     let changed = !mutation.patch.0.is_empty();
-    let decision = if changed { "patch" } else { "unchanged" };
-    state.metrics.decision("CREATE", decision, "protected-secret");
+    let decision = if changed { PATCHED } else { UNCHANGED };
+    state.metrics.decision("CREATE", decision, PROTECTED_SECRET);
     // Debug: the apiserver's audit log records every webhook patch already
     // (`patch.webhook.admission.k8s.io`); a line per pod here cost 13 % of a `/mutate`.
     tracing::debug!(

@@ -41,6 +41,7 @@ pub struct AppState {
 impl AppState {
     /// The state for `config`, reading the cluster through `lookup`.
     pub fn new(config: &Config, lookup: Arc<dyn ClusterLookup>, metrics: Arc<Metrics>, events: Events) -> Self {
+        metrics.decisions_from_zero(super::service::possible_decisions(config.policy.mode));
         Self {
             policy: config.policy.clone(),
             lookup: Metered::new(lookup, metrics.clone()),
