@@ -33,7 +33,8 @@ use std::{
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use bench_support::{
-    Load, Measured, Process, Table, cpu_time, f2, goal, median, median_ratio, rps, rss_mib, start_ceiling,
+    CeilingAnswer, Load, Measured, Process, Table, cpu_time, f2, goal, median, median_ratio, rps, rss_mib,
+    start_ceiling,
 };
 use clap::Parser;
 use e2e::{
@@ -179,13 +180,16 @@ async fn create_fillers(client: &Client, namespace: &str, count: usize) -> Durat
 enum Webhook {
     None = 0,
     Guard = 1,
-    /// The ceiling denying every review (`examples/ceiling --deny`): what calling any
-    /// webhook costs the apiserver.
+    /// The ceiling answering at once what the guard answers on the path, echoing the
+    /// uid (`examples/ceiling --deny` or `--allow`): what calling any webhook costs the
+    /// apiserver.
     Floor = 2,
 }
 
-/// The floor's refusal, as the probe sees it.
+/// The denying floor's refusal, as the probe sees it.
 const FLOOR_MESSAGE: &str = "denied by the ceiling";
+/// The allowing floor's warning, in the `Warning` header of the probe's answer.
+const FLOOR_WARNING: &str = "allowed by the ceiling";
 
 /// The webhook registrations to toggle between.
 struct Registrations<'a> {
@@ -198,7 +202,14 @@ struct Registrations<'a> {
 }
 
 impl<'a> Registrations<'a> {
-    fn new(guard: &'a Guard, floor: &Process, probe: &'a Api<Secret>, probe_secret: &'a str) -> Self {
+    /// The guard's registration, and the floor's: `floor`, a ceiling answering `answer`.
+    fn new(
+        guard: &'a Guard,
+        floor: &Process,
+        answer: CeilingAnswer,
+        probe: &'a Api<Secret>,
+        probe_secret: &'a str,
+    ) -> Self {
         let yaml = std::fs::read_to_string(guard.webhooks_yaml()).unwrap();
         let validating = yaml
             .split("\n---")
@@ -206,7 +217,9 @@ impl<'a> Registrations<'a> {
             .expect("the guard's webhooks.yaml has a validating webhook");
         let guard_port = format!(":{}/", guard.admission_addr().port());
         assert!(validating.contains(&guard_port), "the webhook calls the guard's port");
-        let floor_yaml = guard.webhooks_yaml().with_file_name("floor-webhook.yaml");
+        let floor_yaml = guard
+            .webhooks_yaml()
+            .with_file_name(format!("floor-{answer:?}-webhook.yaml").to_lowercase());
         let floor_port = format!(":{}/", floor.addr.port());
         std::fs::write(&floor_yaml, validating.replace(&guard_port, &floor_port)).unwrap();
         Self {
@@ -251,19 +264,58 @@ impl<'a> Registrations<'a> {
         }
     }
 
+    /// Who answers a dry-run delete of the probe secret (whose pod is live): the guard
+    /// refuses it, each floor says it was the one, and nobody allows it silently.
     async fn answering(&self) -> Webhook {
-        let params = DeleteParams {
-            dry_run: true,
-            ..DeleteParams::default()
+        let namespace = self.probe.namespace().expect("the probe is namespaced");
+        let request = http::Request::delete(format!(
+            "/api/v1/namespaces/{namespace}/secrets/{}?dryRun=All",
+            self.probe_secret
+        ))
+        .body(kube::client::Body::from(Vec::new()))
+        .unwrap();
+        let Ok(response) = self.probe.clone().into_client().send(request).await else {
+            return Webhook::None;
         };
-        match self.probe.delete(self.probe_secret, &params).await {
-            Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains(FLOOR_MESSAGE) => {
-                Webhook::Floor
-            }
-            Err(kube::Error::Api(status)) if status.code == 403 => Webhook::Guard,
+        let warned = response
+            .headers()
+            .get_all("warning")
+            .iter()
+            .any(|warning| warning.to_str().is_ok_and(|text| text.contains(FLOOR_WARNING)));
+        let status = response.status().as_u16();
+        let body = response.into_body().collect_bytes().await.unwrap_or_default();
+        match status {
+            403 if String::from_utf8_lossy(&body).contains(FLOOR_MESSAGE) => Webhook::Floor,
+            403 => Webhook::Guard,
+            200 if warned => Webhook::Floor,
             _ => Webhook::None,
         }
     }
+}
+
+/// The registrations of a path: the guard, and the floor answering as the guard does.
+struct PathRegistrations<'a> {
+    deny: Registrations<'a>,
+    allow: Registrations<'a>,
+}
+
+impl PathRegistrations<'_> {
+    fn for_path(&self, path: &Path4) -> &Registrations<'_> {
+        if path.guarded == 403 { &self.deny } else { &self.allow }
+    }
+}
+
+/// Both floors beside `guard`, serving its certificate (the apiserver trusts them with
+/// the same CA), and the registrations to toggle; the floors stop when dropped.
+fn both_floors<'a>(guard: &'a Guard, probe: &'a Api<Secret>) -> ([Process; 2], PathRegistrations<'a>) {
+    let certs = guard.webhooks_yaml().with_file_name("certs");
+    let floors = [CeilingAnswer::Deny, CeilingAnswer::Allow].map(|answer| start_ceiling(&certs, answer));
+    let probe_secret = "cds-worker-config-live";
+    let registrations = PathRegistrations {
+        deny: Registrations::new(guard, &floors[0], CeilingAnswer::Deny, probe, probe_secret),
+        allow: Registrations::new(guard, &floors[1], CeilingAnswer::Allow, probe, probe_secret),
+    };
+    (floors, registrations)
 }
 
 // === the delete paths ===
@@ -421,20 +473,14 @@ async fn measure_path(
     tokio::time::sleep(args.duration).await;
     let idle = cpu_of(&pids).saturating_sub(before).as_secs_f64() / args.duration.as_secs_f64();
     let mut results: PathResults = Default::default();
-    // The floor denies: it stands in for the guard on its deny paths only.
-    let webhooks = if path.guarded == 403 {
-        &[Webhook::Guard, Webhook::None, Webhook::Floor][..]
-    } else {
-        &[Webhook::Guard, Webhook::None][..]
-    };
     for round in 0..args.rounds {
-        for &webhook in webhooks {
+        for webhook in [Webhook::Guard, Webhook::None, Webhook::Floor] {
             registrations.set(webhook).await;
             for (i, namespace) in namespaces.iter().enumerate() {
                 let expect = match webhook {
                     Webhook::None => 200,
                     Webhook::Guard => path.guarded,
-                    Webhook::Floor => 403,
+                    Webhook::Floor => path.guarded,
                 };
                 let profile = match (&args.apiserver_profiles, webhook) {
                     (Some(dir), Webhook::Guard) if round == 0 => {
@@ -1106,7 +1152,7 @@ async fn main() {
     );
 
     let floor = Table::new(
-        "Apiserver path: the floor, the cheapest webhook that denies (`examples/ceiling --deny`: the guard's TLS and HTTP stack, echoing the uid in a refusal) registered in the guard's place (same rounds)",
+        "Apiserver path: the floor, the cheapest webhook that answers as the guard does on the path (`examples/ceiling --deny` or `--allow`: the guard's TLS and HTTP stack, echoing the uid at once) registered in the guard's place (same rounds)",
         &[
             "path",
             "pods in namespace",
@@ -1141,29 +1187,26 @@ async fn main() {
         floor,
         cpu,
     };
-    // The floor serves the guard's certificate: the apiserver trusts it with the same CA.
-    let floor_of = |guard: &Guard| start_ceiling(&guard.webhooks_yaml().with_file_name("certs"), true);
-
     let measured = |path: &Path4| args.paths.is_empty() || args.paths.iter().any(|key| key == path.key);
-    let floor = floor_of(&guard);
-    let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
+    let (floors, registrations) = both_floors(&guard, &probe);
     if measured(&PATHS[0]) {
-        let young = measure_path(&args, &admin, &registrations, namespaces, &PATHS[0]).await;
+        let young = measure_path(&args, &admin, registrations.for_path(&PATHS[0]), namespaces, &PATHS[0]).await;
         path_rows(&PATHS[0], pods, &young, &mut tables);
     }
-    drop((guard, floor));
+    drop(registrations);
+    drop((guard, floors));
 
     // Old secrets from here on: a guard with a 1 s grace period.
     let guard = Guard::start_with(grace("1s"));
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_large_fresh = rss_mib(guard.pid().unwrap());
-    let floor = floor_of(&guard);
-    let registrations = Registrations::new(&guard, &floor, &probe, "cds-worker-config-live");
+    let (floors, registrations) = both_floors(&guard, &probe);
     for path in PATHS[1..].iter().filter(|path| measured(path)) {
-        let results = measure_path(&args, &admin, &registrations, namespaces, path).await;
+        let results = measure_path(&args, &admin, registrations.for_path(path), namespaces, path).await;
         path_rows(path, pods, &results, &mut tables);
     }
-    drop((guard, floor));
+    drop(registrations);
+    drop((guard, floors));
     let PathTables {
         mut latency,
         scaling,

@@ -21,8 +21,8 @@ use std::{
 };
 
 use bench_support::{
-    Load, Measured, Process, Table, cpu_time, f2, free_port, goal, median, median_ratio, profile_dir, rps,
-    start_ceiling, wait_listening,
+    CeilingAnswer, Load, Measured, Process, Table, cpu_time, f2, free_port, goal, median, median_ratio, profile_dir,
+    rps, start_ceiling, wait_listening,
 };
 use clap::Parser;
 use common::{review, set, time_ago};
@@ -147,7 +147,7 @@ fn main() {
     assert!(made.success(), "cds-secret-guard certs failed");
 
     let guard = start_guard(&certs, &work);
-    let ceiling = start_ceiling(&certs, false);
+    let ceiling = start_ceiling(&certs, CeilingAnswer::Constant);
     let servers = [&guard, &ceiling];
 
     let mut figures = Table::new(

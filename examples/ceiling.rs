@@ -6,12 +6,13 @@
 //! loads both, alternately, and prints the guard's figures as ratios of these.
 //!
 //! With `--deny`, it is the cheapest webhook that denies: it echoes each review's uid
-//! (the apiserver checks it) in a refusal. `make bench` registers it in the guard's place
-//! to measure what calling any webhook costs the apiserver: the floor of the guard's
-//! deny paths.
+//! (the apiserver checks it) in a refusal; with `--allow`, the cheapest that allows, the
+//! uid echoed in an allow with a warning that says who answered. `make bench` registers
+//! them in the guard's place to measure what calling any webhook costs the apiserver:
+//! the floor of the guard's deny and allow paths.
 //!
 //!     cargo run --release --example ceiling -- --listen 127.0.0.1:9444 \
-//!         --tls-cert certs/tls.crt --tls-key certs/tls.key [--deny]
+//!         --tls-cert certs/tls.crt --tls-key certs/tls.key [--deny | --allow]
 
 #![allow(missing_docs)]
 
@@ -33,7 +34,7 @@ use tokio_rustls::TlsAcceptor;
 /// What every request gets.
 const REVIEW: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"00000000-0000-4000-8000-000000000000","allowed":true}}"#;
 
-/// The only field of a review that `--deny` reads.
+/// The only field of a review that `--deny` and `--allow` read.
 #[derive(Deserialize)]
 struct Review<'a> {
     #[serde(borrow)]
@@ -54,6 +55,17 @@ fn denial(body: &[u8]) -> Option<String> {
     ))
 }
 
+/// An allow of the review in `body`, with its uid and a warning naming the ceiling (the
+/// apiserver passes it to the client in a `Warning` header); `None` for a body that is
+/// not a review.
+fn allowance(body: &[u8]) -> Option<String> {
+    let review: Review<'_> = serde_json::from_slice(body).ok()?;
+    Some(format!(
+        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":"{}","allowed":true,"warnings":["allowed by the ceiling"]}}}}"#,
+        review.request.uid
+    ))
+}
+
 #[derive(Debug, Parser)]
 #[command(about = "The guard's TLS + HTTP stack answering a constant AdmissionReview")]
 struct Args {
@@ -64,8 +76,11 @@ struct Args {
     #[arg(long)]
     tls_key: PathBuf,
     /// Deny every review, echoing its uid, instead of the constant answer.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "allow")]
     deny: bool,
+    /// Allow every review, echoing its uid, with a warning, instead of the constant answer.
+    #[arg(long)]
+    allow: bool,
 }
 
 #[tokio::main]
@@ -89,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
                 continue;
             }
         };
-        let (acceptor, limits, deny) = (acceptor.clone(), limits.clone(), args.deny);
+        let (acceptor, limits, deny, allow) = (acceptor.clone(), limits.clone(), args.deny, args.allow);
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
@@ -98,8 +113,9 @@ async fn main() -> anyhow::Result<()> {
             let service = service_fn(move |request: Request<Incoming>| async move {
                 let read = to_bytes(Body::new(request.into_body()), body_limit).await;
                 let answer = match read {
-                    Ok(_) if !deny => Some(Body::from(REVIEW)),
-                    Ok(body) => denial(&body).map(Body::from),
+                    Ok(body) if deny => denial(&body).map(Body::from),
+                    Ok(body) if allow => allowance(&body).map(Body::from),
+                    Ok(_) => Some(Body::from(REVIEW)),
                     Err(_) => None,
                 };
                 let response = match answer {

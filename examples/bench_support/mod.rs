@@ -286,9 +286,19 @@ pub fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) {
     }
 }
 
-/// Starts `examples/ceiling` with the certificates in `certs`; `deny` makes it refuse
-/// every review, echoing its uid (the floor of a webhook on the apiserver's path).
-pub fn start_ceiling(certs: &Path, deny: bool) -> Process {
+/// What `examples/ceiling` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CeilingAnswer {
+    /// One constant review, whatever was asked (the TLS benchmark's ceiling).
+    Constant,
+    /// A refusal echoing each review's uid (the floor of a deny on the apiserver's path).
+    Deny,
+    /// An allow echoing each review's uid, with a warning (the floor of an allow).
+    Allow,
+}
+
+/// Starts `examples/ceiling` with the certificates in `certs`, answering `answer`.
+pub fn start_ceiling(certs: &Path, answer: CeilingAnswer) -> Process {
     let addr = free_port();
     let mut command = Command::new(profile_dir().join("examples/ceiling"));
     command
@@ -299,8 +309,14 @@ pub fn start_ceiling(certs: &Path, deny: bool) -> Process {
         .arg("--tls-key")
         .arg(certs.join("tls.key"))
         .stdout(Stdio::null());
-    if deny {
-        command.arg("--deny");
+    match answer {
+        CeilingAnswer::Constant => {}
+        CeilingAnswer::Deny => {
+            command.arg("--deny");
+        }
+        CeilingAnswer::Allow => {
+            command.arg("--allow");
+        }
     }
     let mut child = command
         .spawn()
