@@ -77,6 +77,26 @@ struct Case {
     op: Op,
     /// The case this one is compared with, if any.
     baseline: Option<Op>,
+    goal: Option<Goal>,
+}
+
+/// The most one operation may take: time, and allocations.
+struct Goal {
+    micros: f64,
+    allocations: f64,
+}
+
+impl Goal {
+    /// The goal beside the figures, and whether they meet it.
+    fn judge(&self, nanos: f64, allocations: f64) -> String {
+        let met = nanos <= self.micros * 1000.0 && allocations <= self.allocations;
+        format!(
+            "{} (≤ {} µs, ≤ {} allocations)",
+            if met { "ok" } else { "MISSED" },
+            self.micros,
+            self.allocations
+        )
+    }
 }
 
 const CASES: &[Case] = &[
@@ -84,36 +104,49 @@ const CASES: &[Case] = &[
         name: "decide/too-young (no lookup)",
         op: Op::DecideYoung,
         baseline: None,
+        goal: None,
     },
     Case {
         name: "decide/pod-live (in-memory lookup)",
         op: Op::DecidePodLive,
         baseline: Some(Op::DecideYoung),
+        goal: None,
     },
     Case {
         name: "decide/orphan (in-memory lookup)",
         op: Op::DecideOrphan,
         baseline: Some(Op::DecideYoung),
+        goal: None,
     },
     Case {
         name: "validate/decode only (secret delete)",
         op: Op::ValidateDecode,
         baseline: None,
+        goal: None,
     },
     Case {
         name: "validate/router (deny by age)",
         op: Op::ValidateRouter,
         baseline: Some(Op::ValidateDecode),
+        goal: Some(Goal {
+            micros: 7.0,
+            allocations: 40.0,
+        }),
     },
     Case {
         name: "mutate/decode only (CDS pod)",
         op: Op::MutateDecode,
         baseline: None,
+        goal: None,
     },
     Case {
         name: "mutate/router (CDS pod, patched)",
         op: Op::MutateRouter,
         baseline: Some(Op::MutateDecode),
+        goal: Some(Goal {
+            micros: 10.0,
+            allocations: 40.0,
+        }),
     },
 ];
 
@@ -346,7 +379,7 @@ fn table(times: &[Vec<f64>], allocations: &[(f64, f64)]) -> String {
     let index = |op: Op| CASES.iter().position(|case| case.op == op).unwrap();
     let mut out = format!(
         "\n## In-process: decision and mutation (median of {ROUNDS} interleaved rounds)\n\n\
-         | case | time/op | ratio | vs | allocs/op | bytes/op |\n|---|---|---|---|---|---|\n"
+         | case | time/op | ratio | vs | allocs/op | bytes/op | goal |\n|---|---|---|---|---|---|---|\n"
     );
     for (i, case) in CASES.iter().enumerate() {
         let time = median(&times[i]);
@@ -360,8 +393,12 @@ fn table(times: &[Vec<f64>], allocations: &[(f64, f64)]) -> String {
             None => ("1.00".to_owned(), "(baseline)"),
         };
         let (allocs, bytes) = allocations[i];
+        let goal = case
+            .goal
+            .as_ref()
+            .map_or_else(String::new, |goal| goal.judge(time, allocs));
         out += &format!(
-            "| {} | {} | {ratio} | {versus} | {allocs:.1} | {bytes:.0} |\n",
+            "| {} | {} | {ratio} | {versus} | {allocs:.1} | {bytes:.0} | {goal} |\n",
             case.name,
             human(time)
         );
