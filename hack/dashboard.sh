@@ -31,8 +31,10 @@
 #   CDS_DASHBOARD_GUARD_PORTS   four ports: replica 0's TLS and probe ports, then replica 1's
 #   CDS_DASHBOARD_PROMETHEUS_PORT
 # The control plane is started with `tests/controlplane/cluster.sh up` (its CDS_CP_* ports)
-# unless it runs. The webhooks are registered under the usual name (cds-secret-guard) and
-# removed at the end: after it, run `hack/local.sh up --host` again if its guard was in use.
+# unless it runs. The webhooks are registered under the usual name (cds-secret-guard), so
+# the run refuses to start while another guard's are registered there (the Helm chart's,
+# e.g. `make run`'s, or `hack/local.sh up --host`'s; it says which and how to stop it), and
+# removes only the webhooks it registered.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,10 +48,28 @@ replicas=2
 log() { echo "dashboard.sh: $*" >&2; }
 
 mkdir -p "$state"
-(cd "$repo" && cargo build --locked --quiet --bin cds-secret-guard)
-"$repo/tests/tools/build.sh" prometheus
 "$cluster" up
 eval "$("$cluster" env)"
+
+# Another guard registered under the usual name: this run would replace its webhooks, then
+# delete them. Refuse, before the builds.
+for kind in validatingwebhookconfiguration mutatingwebhookconfiguration; do
+	found="$(kubectl get "$kind" cds-secret-guard --ignore-not-found -o name)"
+	[[ -n "$found" ]] || continue
+	owner="$(kubectl get "$kind" cds-secret-guard -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}|{.metadata.annotations.meta\.helm\.sh/release-name}|{.metadata.annotations.meta\.helm\.sh/release-namespace}')"
+	IFS='|' read -r managed_by release release_ns <<<"$owner"
+	if [[ "$managed_by" == Helm ]]; then
+		log "$kind cds-secret-guard exists: a guard installed by the Helm chart (release ${release:-?} in namespace ${release_ns:-?}, e.g. make run's) is registered on this control plane"
+		log "stop it first: helm uninstall ${release:-cds-secret-guard} -n ${release_ns:-cds-secret-guard}, or make down (which stops the control plane too)"
+	else
+		log "$kind cds-secret-guard exists: another guard (e.g. hack/local.sh up --host's, the kustomize install's, or a make dashboard that was killed) is registered on this control plane"
+		log "stop it first: make down for hack/local.sh's (it stops the control plane too); else, once no guard uses them: kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard"
+	fi
+	exit 1
+done
+
+(cd "$repo" && cargo build --locked --quiet --bin cds-secret-guard)
+"$repo/tests/tools/build.sh" prometheus
 
 # matplotlib is not in the machine's Python: a venv of our own, made once.
 if [[ ! -x "$state/venv/bin/python" ]] || ! "$state/venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
@@ -80,6 +100,7 @@ kubectl -n cds-secret-guard apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
 
 guard_pids=()
 prometheus_pid=""
+registered=""
 stop_guards() {
 	local pid
 	for pid in "${guard_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -87,8 +108,10 @@ stop_guards() {
 	guard_pids=()
 }
 cleanup() {
-	kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard \
-		--ignore-not-found >/dev/null 2>&1 || true
+	if [[ -n "$registered" ]]; then
+		kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard \
+			--ignore-not-found >/dev/null 2>&1 || true
+	fi
 	stop_guards
 	if [[ -n "$prometheus_pid" ]]; then
 		kill -TERM "$prometheus_pid" 2>/dev/null || true
@@ -120,7 +143,9 @@ for i in $(seq 0 $((replicas - 1))); do
         labels: {namespace: cds-secret-guard, pod: cds-secret-guard-$i}
 "
 done
-"$guard" webhooks --url "https://$first" --ca-bundle "$state/certs/ca.crt" | kubectl apply -f - >/dev/null
+# create, not apply: a configuration registered since the check above is never taken over.
+"$guard" webhooks --url "https://$first" --ca-bundle "$state/certs/ca.crt" | kubectl create -f - >/dev/null
+registered=1
 
 # Prometheus: a fresh TSDB each run.
 rm -rf "$state/prometheus"
@@ -167,6 +192,7 @@ log "wrote docs/dashboard.png"
 # Every replica stopped: the webhooks first (they fail closed, and the load's namespace is
 # still being deleted), then the guards.
 kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard >/dev/null
+registered=""
 stop_guards
 log "every replica stopped at $(date -u +%H:%M:%SZ); waiting for CdsSecretGuardDown (for: 5m)"
 "$python" "$repo/hack/dashboard.py" alert --prometheus "http://$prometheus_listen" \

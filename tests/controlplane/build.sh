@@ -7,7 +7,8 @@
 # Binaries are kept in a machine-wide cache keyed by a hash of everything that
 # decides their content (go.mod/go.sum files, etcd/main.go, the flags below,
 # the Go version), so a fresh clone anywhere on the machine only links them
-# (seconds); they are rebuilt only when a pinned version or flag changes.
+# (seconds); they are rebuilt only when a pinned version or flag changes. The
+# cache's lock, atomic publish and links are tests/tools/cache.sh's.
 # Go's own module and build caches (~/go/pkg/mod, ~/.cache/go-build) are used
 # as they are.
 #
@@ -23,6 +24,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 out="$repo/target/controlplane/bin"
 t0=$(date +%s)
+# shellcheck source=tests/tools/cache.sh
+source "$here/../tools/cache.sh"
 
 # Same version stamping as Kubernetes' hack/lib/version.sh, so /version and
 # `kubectl version` report the real release instead of v0.0.0-master.
@@ -43,51 +46,19 @@ kube_cmds=("${kube_cmds[@]/#/k8s.io/kubernetes/cmd/}")
 export CGO_ENABLED=0 GOWORK=off GOFLAGS=-buildvcs=false
 build_flags=(-trimpath)
 
-key="$(
-	{
-		cat "$here/kube/go.mod" "$here/kube/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" "$here/etcd/main.go"
-		echo "$kube_ldflags|$etcd_ldflags|${build_flags[*]}|${kube_cmds[*]}|CGO_ENABLED=$CGO_ENABLED"
-		go env GOVERSION GOOS GOARCH
-	} | sha256sum | cut -c1-16
-)"
-cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/controlplane/$key"
+key="$(cache_key "$kube_ldflags|$etcd_ldflags|${build_flags[*]}|${kube_cmds[*]}|CGO_ENABLED=$CGO_ENABLED" \
+	"$here/kube/go.mod" "$here/kube/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" "$here/etcd/main.go")"
 
-have_all() {
-	local b
-	for b in "${binaries[@]}"; do [[ -x "$cache/bin/$b" ]] || return 1; done
-}
-
-mkdir -p "$cache"
-# One build at a time per key (two clones building at once share the result).
-exec 9>"$cache/.lock"
-flock 9
-
-if have_all; then
-	echo "build.sh: cached binaries $cache/bin"
-else
-	echo "build.sh: building control plane binaries into $cache/bin (cold: ~12 min on 2 cores)"
-	tmp="$cache/bin.tmp.$$"
-	rm -rf "$tmp" "$cache"/bin.tmp.*
-	mkdir -p "$tmp"
+# build TMP: all the binaries into TMP.
+build() {
+	local tmp="$1" t
 	t=$(date +%s)
 	(cd "$here/kube" && go build "${build_flags[@]}" -ldflags "$kube_ldflags" -o "$tmp/" "${kube_cmds[@]}")
 	echo "build.sh: kube binaries built in $(($(date +%s) - t))s"
 	t=$(date +%s)
 	(cd "$here/etcd" && go build "${build_flags[@]}" -ldflags "$etcd_ldflags" -o "$tmp/etcd" .)
 	echo "build.sh: etcd built in $(($(date +%s) - t))s"
-	# Publish atomically: a half-finished build is never taken for a cached one.
-	rm -rf "$cache/bin"
-	mv "$tmp" "$cache/bin"
-fi
+}
 
-# Hard links when the cache is on the same file system, else copies. Replacing
-# the directory entry (never writing into the old file) is safe while an old
-# binary is running.
-mkdir -p "$out"
-for b in "${binaries[@]}"; do
-	if [[ "$cache/bin/$b" -ef "$out/$b" ]]; then continue; fi
-	ln -f "$cache/bin/$b" "$out/$b" 2>/dev/null || {
-		cp "$cache/bin/$b" "$out/.$b.tmp" && mv -f "$out/.$b.tmp" "$out/$b"
-	}
-done
+cached_build "$cache_root/controlplane/$key" "$out" "${binaries[*]}" build
 echo "build.sh: $out ready ($(($(date +%s) - t0))s)"

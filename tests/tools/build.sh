@@ -12,25 +12,28 @@
 #                                     if the two pins differ), cached under its own
 #                                     key, so it never enters `make test`'s path
 #
-# Same pattern as tests/controlplane/build.sh: the binaries are kept in a
-# machine-wide cache keyed by a hash of everything that decides their content
-# (go.mod/go.sum, the flags below, the Go version), so a fresh clone only links
-# them; they are rebuilt only when a pin or a flag changes.
+# Same pattern as tests/controlplane/build.sh (both use tests/tools/cache.sh): the
+# binaries are kept in a machine-wide cache keyed by a hash of everything that
+# decides their content (go.mod/go.sum, the flags below, the Go version), so a fresh
+# clone only links them; they are rebuilt only when a pin or a flag changes. Three
+# keys: helm and promtool together, the Prometheus server (prometheus-<key>) and
+# toxiproxy (toxiproxy-<key>), so adding or bumping one rebuilds neither of the others.
 #
-# Measured on the 2-core dev machine (Go 1.26.8), cold (empty Go module, build
-# and binary caches), while other engineers' builds loaded it (load 10-16), so
-# wall times are pessimistic: this whole script 29.7 min wall at nice 19, 13.5
-# min of CPU (helm 20.1 min wall incl. ~1 min of module downloads, promtool 9.6
-# min); on an idle machine expect about 8-10 min. Go's caches grow by ~1.4 GB
-# (modules) and ~1.9 GB (build). Binary cache hit: under 0.1 s.
-# `build.sh prometheus` (the server, for `make dashboard` only), cold (empty Go build
-# cache; its modules were already downloaded, 36 s for `go mod tidy`): 18.0 min wall
-# on 2026-12-04 while other builds loaded the machine (load 13-25; nice 10 for the first
-# 13 min, then 0); ~0.85 GB of build cache.
-# toxiproxy has its own cache key, so adding or bumping it rebuilds neither helm nor
-# promtool. It is small (17 modules): cold (empty module and build caches, the
-# standard library included) 2 min 46 s wall, 44 s of CPU, measured 2026-12-04 at
-# load 17-21; 33 MB of modules, 135 MB of build cache. With Go's caches warm, 10 s.
+# Measured on the 2-core dev machine (Go 1.26.8), cold (empty Go module, build and
+# binary caches), while other engineers' builds loaded the machine, so wall times are
+# pessimistic; a binary cache hit takes under 0.1 s.
+# - helm and promtool: 29.7 min wall at nice 19 and load 10-16, 13.5 min of CPU (helm
+#   20.1 min wall incl. ~1 min of module downloads, promtool 9.6 min); on an idle
+#   machine expect about 8-10 min. Go's caches grow by ~1.4 GB (modules) and ~1.9 GB
+#   (build).
+# - prometheus (the server, `make dashboard` only), its modules already downloaded
+#   (36 s for `go mod tidy`): 18.0 min wall on 2026-12-04 at load 13-25 (nice 10 for
+#   the first 13 min, then 0); ~0.85 GB of build cache.
+# - toxiproxy (17 modules), the standard library included: 2 min 46 s wall, 44 s of
+#   CPU, measured 2026-12-04 at load 17-21; 33 MB of modules, 135 MB of build cache.
+#   With Go's caches warm, 10 s.
+# Binary cache empty, Go's caches warm (2026-12-04, nice 10, load 2-3): helm 16 s,
+# promtool 9 s, toxiproxy 2 s; prometheus 101 s.
 #
 # Env: CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard) moves the cache.
 set -euo pipefail
@@ -48,6 +51,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 out="$repo/target/tools/bin"
 t0=$(date +%s)
+# shellcheck source=tests/tools/cache.sh
+source "$here/cache.sh"
 
 helm_version=v4.3.2
 prometheus_version=3.16.0
@@ -58,7 +63,6 @@ promtool_ldflags="-s -w -X github.com/prometheus/common/version.Version=$prometh
 # Kubernetes...), which `check rules` and `test rules` never use; they would add
 # hundreds of modules and minutes of build.
 promtool_tags=remove_all_sd
-binaries=(helm promtool)
 toxiproxy_version=v2.5.0
 toxiproxy_ldflags="-s -w -X github.com/Shopify/toxiproxy/v2.Version=$toxiproxy_version"
 
@@ -67,14 +71,56 @@ toxiproxy_ldflags="-s -w -X github.com/Shopify/toxiproxy/v2.Version=$toxiproxy_v
 export CGO_ENABLED=0 GOWORK=off GOFLAGS=-buildvcs=false
 build_flags=(-trimpath)
 
-# The Prometheus server, for `make dashboard` (hack/dashboard.sh): a separate module,
-# because cmd/prometheus needs modules promtool's go.sum does not list, and a separate
-# key, so that building it never invalidates helm's and promtool's cache. Without the
-# builtinassets tag (the web UI's assets are not in the module zip): the HTTP API is
-# all the dashboard needs. remove_all_sd as for promtool: the dashboard's scrape
-# config is static, it needs no service-discovery plugin.
-build_prometheus() {
-	local pin_tool pin_server
+# cached_go_build PREFIX [BINARY MODULE PACKAGE LDFLAGS TAGS]...
+# Builds each PACKAGE, from the module in tests/tools/MODULE, as BINARY with LDFLAGS
+# and TAGS (either may be empty), into $cache_root/tools/PREFIX<key>/bin, and links
+# the binaries into $out. The key hashes each MODULE's go.mod and go.sum (once, in
+# order), then the non-empty LDFLAGS and TAGS joined by "|", build_flags, CGO_ENABLED
+# and the Go version: the flags a build uses always enter its key.
+cached_go_build() {
+	local prefix="$1" i module
+	shift
+	if (($# == 0 || $# % 5 != 0)); then
+		echo "build.sh: cached_go_build PREFIX [BINARY MODULE PACKAGE LDFLAGS TAGS]..." >&2
+		exit 2
+	fi
+	local -a builds=("$@") binaries=() files=() flags=()
+	local -A seen=()
+	for ((i = 0; i < ${#builds[@]}; i += 5)); do
+		binaries+=("${builds[i]}")
+		module="${builds[i + 1]}"
+		if [[ -z "${seen[$module]:-}" ]]; then
+			seen[$module]=1
+			files+=("$here/$module/go.mod" "$here/$module/go.sum")
+		fi
+		if [[ -n "${builds[i + 3]}" ]]; then flags+=("${builds[i + 3]}"); fi
+		if [[ -n "${builds[i + 4]}" ]]; then flags+=("${builds[i + 4]}"); fi
+	done
+	local key
+	key="$(cache_key "$(IFS='|' && echo "${flags[*]}")|${build_flags[*]}|CGO_ENABLED=$CGO_ENABLED" "${files[@]}")"
+	cached_build "$cache_root/tools/$prefix$key" "$out" "${binaries[*]}" go_builds "${builds[@]}"
+}
+
+# go_builds TMP [BINARY MODULE PACKAGE LDFLAGS TAGS]...: cached_go_build's builds, into TMP.
+go_builds() {
+	local tmp="$1" binary module package ldflags tags t
+	shift
+	while (($# >= 5)); do
+		binary="$1" module="$2" package="$3" ldflags="$4" tags="$5"
+		shift 5
+		t=$(date +%s)
+		(cd "$here/$module" && go build "${build_flags[@]}" ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/$binary" "$package")
+		echo "build.sh: $binary built in $(($(date +%s) - t))s"
+	done
+}
+
+if [[ "$what" == prometheus ]]; then
+	# The Prometheus server, for `make dashboard` (hack/dashboard.sh): a separate module,
+	# because cmd/prometheus needs modules promtool's go.sum does not list, and a separate
+	# key, so that building it never invalidates helm's and promtool's cache. Without the
+	# builtinassets tag (the web UI's assets are not in the module zip): the HTTP API is
+	# all the dashboard needs. remove_all_sd as for promtool: the dashboard's scrape
+	# config is static, it needs no service-discovery plugin.
 	pin_tool="$(awk '$1 == "github.com/prometheus/prometheus" {print $2}' "$here/promtool/go.mod")"
 	pin_server="$(awk '$1 == "github.com/prometheus/prometheus" {print $2}' "$here/prometheus/go.mod")"
 	if [[ -z "$pin_tool" || "$pin_tool" != "$pin_server" ]]; then
@@ -86,115 +132,16 @@ build_prometheus() {
 		echo "build.sh: go.mod pins prometheus $pin_tool but prometheus_version is $prometheus_version" >&2
 		exit 1
 	fi
-	local key cache
-	key="$(
-		{
-			cat "$here/prometheus/go.mod" "$here/prometheus/go.sum"
-			echo "$promtool_ldflags|$promtool_tags|${build_flags[*]}|CGO_ENABLED=$CGO_ENABLED"
-			go env GOVERSION GOOS GOARCH
-		} | sha256sum | cut -c1-16
-	)"
-	cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/tools/prometheus-$key"
-	mkdir -p "$cache"
-	exec 9>"$cache/.lock"
-	flock 9
-	if [[ -x "$cache/bin/prometheus" ]]; then
-		echo "build.sh: cached prometheus $cache/bin"
-	else
-		echo "build.sh: building prometheus $prometheus_version into $cache/bin (cold: minutes)"
-		local tmp="$cache/bin.tmp.$$" t
-		rm -rf "$tmp" "$cache"/bin.tmp.*
-		mkdir -p "$tmp"
-		t=$(date +%s)
-		(cd "$here/prometheus" && go build "${build_flags[@]}" -tags "$promtool_tags" -ldflags "$promtool_ldflags" \
-			-o "$tmp/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
-		echo "build.sh: prometheus built in $(($(date +%s) - t))s"
-		rm -rf "$cache/bin"
-		mv "$tmp" "$cache/bin"
-	fi
-	link "$cache/bin" prometheus
+	cached_go_build prometheus- \
+		prometheus prometheus github.com/prometheus/prometheus/cmd/prometheus "$promtool_ldflags" "$promtool_tags"
 	echo "build.sh: $out/prometheus ready ($(($(date +%s) - t0))s)"
-}
-
-# Hard links when the cache is on the same file system, else copies; replacing
-# the directory entry is safe while an old binary runs.
-link() {
-	local from="$1" b
-	shift
-	mkdir -p "$out"
-	for b in "$@"; do
-		if [[ "$from/$b" -ef "$out/$b" ]]; then continue; fi
-		ln -f "$from/$b" "$out/$b" 2>/dev/null || {
-			cp "$from/$b" "$out/.$b.tmp" && mv -f "$out/.$b.tmp" "$out/$b"
-		}
-	done
-}
-
-if [[ "$what" == prometheus ]]; then
-	build_prometheus
 	exit 0
 fi
 
-key="$(
-	{
-		cat "$here/helm/go.mod" "$here/helm/go.sum" "$here/promtool/go.mod" "$here/promtool/go.sum"
-		echo "$helm_ldflags|$promtool_ldflags|$promtool_tags|${build_flags[*]}|CGO_ENABLED=$CGO_ENABLED"
-		go env GOVERSION GOOS GOARCH
-	} | sha256sum | cut -c1-16
-)"
-cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/tools/$key"
-
-mkdir -p "$cache"
-# One build at a time per key (two clones building at once share the result).
-exec 9>"$cache/.lock"
-flock 9
-
-if [[ -x "$cache/bin/helm" && -x "$cache/bin/promtool" ]]; then
-	echo "build.sh: cached tools $cache/bin"
-else
-	echo "build.sh: building helm and promtool into $cache/bin (cold: minutes, see the header)"
-	tmp="$cache/bin.tmp.$$"
-	rm -rf "$tmp" "$cache"/bin.tmp.*
-	mkdir -p "$tmp"
-	t=$(date +%s)
-	(cd "$here/helm" && go build "${build_flags[@]}" -ldflags "$helm_ldflags" -o "$tmp/helm" helm.sh/helm/v4/cmd/helm)
-	echo "build.sh: helm built in $(($(date +%s) - t))s"
-	t=$(date +%s)
-	(cd "$here/promtool" && go build "${build_flags[@]}" -tags "$promtool_tags" -ldflags "$promtool_ldflags" \
-		-o "$tmp/promtool" github.com/prometheus/prometheus/cmd/promtool)
-	echo "build.sh: promtool built in $(($(date +%s) - t))s"
-	# Publish atomically: a half-finished build is never taken for a cached one.
-	rm -rf "$cache/bin"
-	mv "$tmp" "$cache/bin"
-fi
-
-exec 9>&-
-link "$cache/bin" "${binaries[@]}"
-
-toxiproxy_key="$(
-	{
-		cat "$here/toxiproxy/go.mod" "$here/toxiproxy/go.sum"
-		echo "$toxiproxy_ldflags|${build_flags[*]}|CGO_ENABLED=$CGO_ENABLED"
-		go env GOVERSION GOOS GOARCH
-	} | sha256sum | cut -c1-16
-)"
-toxiproxy_cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/tools/toxiproxy-$toxiproxy_key"
-mkdir -p "$toxiproxy_cache"
-exec 9>"$toxiproxy_cache/.lock"
-flock 9
-if [[ -x "$toxiproxy_cache/bin/toxiproxy" ]]; then
-	echo "build.sh: cached toxiproxy $toxiproxy_cache/bin"
-else
-	tmp="$toxiproxy_cache/bin.tmp.$$"
-	rm -rf "$tmp" "$toxiproxy_cache"/bin.tmp.*
-	mkdir -p "$tmp"
-	t=$(date +%s)
-	(cd "$here/toxiproxy" && go build "${build_flags[@]}" -ldflags "$toxiproxy_ldflags" \
-		-o "$tmp/toxiproxy" github.com/Shopify/toxiproxy/v2/cmd/server)
-	echo "build.sh: toxiproxy built in $(($(date +%s) - t))s"
-	rm -rf "$toxiproxy_cache/bin"
-	mv "$tmp" "$toxiproxy_cache/bin"
-fi
-exec 9>&-
-link "$toxiproxy_cache/bin" toxiproxy
+# helm's and promtool's key has no prefix: it is older than the other two.
+cached_go_build "" \
+	helm helm helm.sh/helm/v4/cmd/helm "$helm_ldflags" "" \
+	promtool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_ldflags" "$promtool_tags"
+cached_go_build toxiproxy- \
+	toxiproxy toxiproxy github.com/Shopify/toxiproxy/v2/cmd/server "$toxiproxy_ldflags" ""
 echo "build.sh: $out ready ($(($(date +%s) - t0))s)"
