@@ -23,8 +23,8 @@
 # binary caches), while other engineers' builds loaded the machine, so wall times are
 # pessimistic; a binary cache hit takes under 0.1 s.
 # - helm and promtool: 29.7 min wall at nice 19 and load 10-16, 13.5 min of CPU (helm
-#   20.1 min wall incl. ~1 min of module downloads, promtool 9.6 min); on an idle
-#   machine expect about 8-10 min. Go's caches grow by ~1.4 GB (modules) and ~1.9 GB
+#   20.1 min wall incl. ~1 min of module downloads, promtool 9.6 min); on the idle
+#   machine 4.9 min (2026-12-03). Go's caches grow by ~1.4 GB (modules) and ~1.9 GB
 #   (build).
 # - prometheus (the server, `make dashboard` only), its modules already downloaded
 #   (36 s for `go mod tidy`): 18.0 min wall on 2026-12-04 at load 13-25 (nice 10 for
