@@ -58,9 +58,10 @@ struct Repeats {
     last: Option<Timestamp>,
 }
 
-/// What the decision was, as written to the log and the metrics.
-pub fn outcome(verdict: &Verdict, enforced: bool) -> &'static str {
-    match (verdict.allowed, enforced) {
+/// What a decision that `allowed` the delete or not was, as written to the log and the
+/// metrics.
+pub fn outcome(allowed: bool, enforced: bool) -> &'static str {
+    match (allowed, enforced) {
         (true, _) => "allow",
         (false, true) => "deny",
         (false, false) => "warn",
@@ -87,7 +88,7 @@ impl AuditLog {
         let key = Key {
             namespace: request.namespace.to_owned(),
             secret: request.name.to_owned(),
-            decision: outcome(verdict, enforced),
+            decision: outcome(verdict.allowed, enforced),
             reason: verdict.reason.code(),
             user: request.username.map(str::to_owned),
             dry_run: requester.dry_run,
@@ -174,7 +175,7 @@ fn line(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict,
         namespace = request.namespace,
         secret = request.name,
         worker = verdict.worker.as_deref(),
-        decision = outcome(verdict, enforced),
+        decision = outcome(verdict.allowed, enforced),
         reason = verdict.reason.code(),
         pod = pod.map(|pod| pod.name.as_str()),
         pod_uid = pod.map(|pod| pod.uid.as_str()),
@@ -184,7 +185,7 @@ fn line(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict,
         request_uid = requester.uid,
         dry_run = requester.dry_run,
         detail = %verdict.message,
-        "secret delete {}", outcome(verdict, enforced),
+        "secret delete {}", outcome(verdict.allowed, enforced),
     );
 }
 

@@ -24,10 +24,10 @@ use crate::{
 /// Every decision the services count, for `admission_decisions_total` to start at 0: a
 /// delete's reason with the outcome it has in `mode`, and the pod mutation's outcomes.
 pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
-    let refused = if mode == Mode::Enforce { "deny" } else { "warn" };
+    let enforced = mode == Mode::Enforce;
     let deletes = Reason::ALL.into_iter().map(move |reason| DecisionLabels {
         operation: "DELETE",
-        decision: if reason.denies() { refused } else { "allow" },
+        decision: audit::outcome(!reason.denies(), enforced),
         reason: reason.code(),
     });
     let creates = [
@@ -99,7 +99,7 @@ pub async fn validate_delete<'a>(
             .events
             .delete_denied(secret, verdict.reason.code(), &verdict.message);
     }
-    let outcome = audit::outcome(&verdict, enforced);
+    let outcome = audit::outcome(verdict.allowed, enforced);
     state.metrics.decision("DELETE", outcome, verdict.reason.code());
     respond(&request.uid, verdict, enforced)
 }
