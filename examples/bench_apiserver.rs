@@ -479,8 +479,7 @@ async fn measure_path(
             for (i, namespace) in namespaces.iter().enumerate() {
                 let expect = match webhook {
                     Webhook::None => 200,
-                    Webhook::Guard => path.guarded,
-                    Webhook::Floor => path.guarded,
+                    Webhook::Guard | Webhook::Floor => path.guarded,
                 };
                 let profile = match (&args.apiserver_profiles, webhook) {
                     (Some(dir), Webhook::Guard) if round == 0 => {

@@ -46,22 +46,18 @@ struct ReviewRequest<'a> {
     uid: &'a str,
 }
 
-/// A refusal of the review in `body`, with its uid; `None` for a body that is not one.
-fn denial(body: &[u8]) -> Option<String> {
-    let review: Review<'_> = serde_json::from_slice(body).ok()?;
-    Some(format!(
-        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":"{}","allowed":false,"status":{{"code":403,"reason":"Forbidden","message":"denied by the ceiling"}}}}}}"#,
-        review.request.uid
-    ))
-}
+/// The response of `--deny`: a refusal.
+const DENIAL: &str = r#""allowed":false,"status":{"code":403,"reason":"Forbidden","message":"denied by the ceiling"}"#;
+/// The response of `--allow`: an allow with a warning naming the ceiling (the apiserver
+/// passes it to the client in a `Warning` header).
+const ALLOWANCE: &str = r#""allowed":true,"warnings":["allowed by the ceiling"]"#;
 
-/// An allow of the review in `body`, with its uid and a warning naming the ceiling (the
-/// apiserver passes it to the client in a `Warning` header); `None` for a body that is
-/// not a review.
-fn allowance(body: &[u8]) -> Option<String> {
+/// The review in `body` answered with its uid and `response` (the fields after the
+/// uid); `None` for a body that is not a review.
+fn echo(body: &[u8], response: &str) -> Option<String> {
     let review: Review<'_> = serde_json::from_slice(body).ok()?;
     Some(format!(
-        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":"{}","allowed":true,"warnings":["allowed by the ceiling"]}}}}"#,
+        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":"{}",{response}}}}}"#,
         review.request.uid
     ))
 }
@@ -113,8 +109,8 @@ async fn main() -> anyhow::Result<()> {
             let service = service_fn(move |request: Request<Incoming>| async move {
                 let read = to_bytes(Body::new(request.into_body()), body_limit).await;
                 let answer = match read {
-                    Ok(body) if deny => denial(&body).map(Body::from),
-                    Ok(body) if allow => allowance(&body).map(Body::from),
+                    Ok(body) if deny => echo(&body, DENIAL).map(Body::from),
+                    Ok(body) if allow => echo(&body, ALLOWANCE).map(Body::from),
                     Ok(_) => Some(Body::from(REVIEW)),
                     Err(_) => None,
                 };
