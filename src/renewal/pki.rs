@@ -93,7 +93,10 @@ pub fn bundle(pem: &[u8]) -> Vec<Cert> {
 pub fn bundle_pem(certs: &[Cert]) -> String {
     certs
         .iter()
-        .map(|cert| pem::encode(&pem::Pem::new("CERTIFICATE", cert.der.clone())))
+        .map(|cert| {
+            let block = pem::Pem::new("CERTIFICATE", cert.der.clone());
+            pem::encode_config(&block, pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF))
+        })
         .collect()
 }
 
