@@ -143,7 +143,11 @@ pub struct RenewalArgs {
 
     /// DNS name or IP address of the serving certificate (repeatable; the first is the
     /// name the apiserver calls).
-    #[arg(long = "certificate-host", env = "CDS_GUARD_CERTIFICATE_HOSTS", value_delimiter = ',')]
+    #[arg(
+        long = "certificate-host",
+        env = "CDS_GUARD_CERTIFICATE_HOSTS",
+        value_delimiter = ','
+    )]
     pub certificate_hosts: Vec<String>,
 
     /// Validity of a CA the guard makes (e.g. 5y); it is replaced with a third left.

@@ -79,7 +79,10 @@ fn register_without_ca(url: &str, namespace: &str) {
 fn held_bundles() -> Vec<BTreeSet<String>> {
     let mut bundles = Vec::new();
     for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
-        let output = kubectl().args(["get", kind, CONFIGURATION, "-o", "json"]).output().unwrap();
+        let output = kubectl()
+            .args(["get", kind, CONFIGURATION, "-o", "json"])
+            .output()
+            .unwrap();
         assert!(output.status.success(), "get {kind}: {output:?}");
         let object: Value = serde_json::from_slice(&output.stdout).unwrap();
         for webhook in object["webhooks"].as_array().unwrap() {
@@ -90,7 +93,12 @@ fn held_bundles() -> Vec<BTreeSet<String>> {
             let text = String::from_utf8(pem).unwrap();
             bundles.push(
                 text.split("-----END CERTIFICATE-----")
-                    .map(|block| block.replace("-----BEGIN CERTIFICATE-----", "").split_whitespace().collect::<String>())
+                    .map(|block| {
+                        block
+                            .replace("-----BEGIN CERTIFICATE-----", "")
+                            .split_whitespace()
+                            .collect::<String>()
+                    })
                     .filter(|der| !der.trim().is_empty())
                     .collect(),
             );
@@ -154,7 +162,11 @@ async fn a_ca_rotation_and_leaf_renewals_under_load_fail_no_call() {
         if held.len() == 2 && held.iter().all(|bundle| bundle.len() == 1) && held[0] == held[1] {
             break held[0].clone();
         }
-        assert!(Instant::now() < deadline, "the CA was never published: {held:?}\n{}", guard.log());
+        assert!(
+            Instant::now() < deadline,
+            "the CA was never published: {held:?}\n{}",
+            guard.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
@@ -197,7 +209,11 @@ async fn a_ca_rotation_and_leaf_renewals_under_load_fail_no_call() {
         if rotated {
             break;
         }
-        assert!(Instant::now() < deadline, "no CA rotation within 60 s: {seen:?}\n{}", guard.log());
+        assert!(
+            Instant::now() < deadline,
+            "no CA rotation within 60 s: {seen:?}\n{}",
+            guard.log()
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // Let the new CA's first leaves be served for a while.
@@ -211,7 +227,9 @@ async fn a_ca_rotation_and_leaf_renewals_under_load_fail_no_call() {
     let renewals = guard
         .log_lines()
         .iter()
-        .filter(|line| line["message"] == "new serving certificate" || line["message"] == "the next CA signs from now on")
+        .filter(|line| {
+            line["message"] == "new serving certificate" || line["message"] == "the next CA signs from now on"
+        })
         .count();
     let answered = answered.load(Ordering::Relaxed);
     let calls = calls_after - calls_before;
@@ -220,7 +238,11 @@ async fn a_ca_rotation_and_leaf_renewals_under_load_fail_no_call() {
         "renewal: {answered} deletes, {calls} webhook calls, {failed} failed, {renewals} leaves signed (1 CA rotation)"
     );
     let failures = failures.lock().unwrap();
-    println!("renewal: {} deletes failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
+    println!(
+        "renewal: {} deletes failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
     // The order: the new CA joined the old one before the old one left.
     assert_eq!(seen.len(), 3, "bundles seen: {seen:?}");
     assert!(
@@ -228,8 +250,16 @@ async fn a_ca_rotation_and_leaf_renewals_under_load_fail_no_call() {
         "bundles seen: {seen:?}"
     );
 
-    assert!(failures.is_empty(), "{} deletes failed: {:?}", failures.len(), &failures[..failures.len().min(5)]);
-    assert!(calls >= answered as f64 * 0.9, "the deletes reached the guard: {calls} calls");
+    assert!(
+        failures.is_empty(),
+        "{} deletes failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        calls >= answered as f64 * 0.9,
+        "the deletes reached the guard: {calls} calls"
+    );
     assert_eq!(failed, 0.0, "failed webhook calls (apiserver metrics)");
     assert!(renewals >= 3, "leaves signed: {renewals}\n{}", guard.log());
 

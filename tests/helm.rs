@@ -605,10 +605,7 @@ fn every_value_set_renders_what_it_says() {
                     env_value(&env, "CDS_GUARD_CERTIFICATE_SECRET"),
                     Some("guard-cds-secret-guard-certificate")
                 );
-                assert_eq!(
-                    env_value(&env, "CDS_GUARD_WEBHOOK_CONFIGURATION"),
-                    Some(fullname)
-                );
+                assert_eq!(env_value(&env, "CDS_GUARD_WEBHOOK_CONFIGURATION"), Some(fullname));
                 assert_eq!(
                     env_value(&env, "CDS_GUARD_CERTIFICATE_HOSTS"),
                     Some("guard-cds-secret-guard.ci-tools.svc,guard-cds-secret-guard.ci-tools.svc.cluster.local")
@@ -658,7 +655,11 @@ fn every_value_set_renders_what_it_says() {
                     .collect();
                 namespaces.sort();
                 assert_eq!(namespaces, ["cds", "ci"]);
-                assert_eq!(of_kind(&objects, "RoleBinding").len(), 3, "two namespaces and the certificate");
+                assert_eq!(
+                    of_kind(&objects, "RoleBinding").len(),
+                    3,
+                    "two namespaces and the certificate"
+                );
                 let names = find(&objects, "ClusterRole", "guard-cds-secret-guard-namespaces");
                 assert_eq!(names["rules"][0]["resourceNames"], json!(["cds", "ci"]));
                 assert_eq!(env_value(&env, "CDS_GUARD_NAMESPACES"), Some("cds,ci"));
@@ -983,7 +984,10 @@ fn an_upgrade_keeps_what_the_guard_wrote_and_uninstall_removes_its_state() {
     release.upgrade(&json!({"replicas": 3, "gracePeriod": "20m"}));
     for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
         let webhook = kubectl_json(&["get", kind, name]);
-        assert_eq!(webhook["webhooks"][0]["clientConfig"]["caBundle"], bundle, "{kind} kept");
+        assert_eq!(
+            webhook["webhooks"][0]["clientConfig"]["caBundle"], bundle,
+            "{kind} kept"
+        );
     }
     let upgraded = kubectl_json(&["-n", ns, "get", "secret", &state]);
     assert_eq!(upgraded["data"], data["data"], "state kept across upgrades");
@@ -994,7 +998,10 @@ fn an_upgrade_keeps_what_the_guard_wrote_and_uninstall_removes_its_state() {
     assert!(output.status.success(), "{output:?}");
     assert!(!exists(&["-n", ns, "get", "secret", &state]), "state left behind");
     assert!(!exists(&["-n", ns, "get", "role", &state]), "role left behind");
-    assert!(!exists(&["get", "clusterrole", &format!("{name}-webhooks")]), "clusterrole left behind");
+    assert!(
+        !exists(&["get", "clusterrole", &format!("{name}-webhooks")]),
+        "clusterrole left behind"
+    );
 }
 
 #[test]

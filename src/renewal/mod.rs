@@ -98,7 +98,9 @@ impl Settings {
     /// its successor, in the third of its CA's life left when the CA is replaced.
     pub fn validate(&self) -> Result<()> {
         if self.hosts.is_empty() {
-            return Err(Error::Tls("--certificate-host is required with --certificate-secret".to_owned()));
+            return Err(Error::Tls(
+                "--certificate-host is required with --certificate-secret".to_owned(),
+            ));
         }
         if self.leaf_validity.is_zero() || self.leaf_validity > self.ca_validity / 3 {
             return Err(Error::Tls(format!(
@@ -149,21 +151,31 @@ impl Renewer {
     /// of either configuration (metadata watches of the one name each), at the next
     /// deadline, or every minute.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let named = watcher::Config::default().fields(&format!("metadata.name={}", self.settings.webhook_configuration));
+        let named =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.settings.webhook_configuration));
         let secret = watcher::Config::default().fields(&format!("metadata.name={}", self.settings.secret));
         let changes = stream::select_all([
-            watcher(Api::<PartialObjectMeta<Secret>>::namespaced(self.client.clone(), &self.namespace), secret)
-                .default_backoff()
-                .map(|_| ())
-                .boxed(),
-            watcher(Api::<PartialObjectMeta<ValidatingWebhookConfiguration>>::all(self.client.clone()), named.clone())
-                .default_backoff()
-                .map(|_| ())
-                .boxed(),
-            watcher(Api::<PartialObjectMeta<MutatingWebhookConfiguration>>::all(self.client.clone()), named)
-                .default_backoff()
-                .map(|_| ())
-                .boxed(),
+            watcher(
+                Api::<PartialObjectMeta<Secret>>::namespaced(self.client.clone(), &self.namespace),
+                secret,
+            )
+            .default_backoff()
+            .map(|_| ())
+            .boxed(),
+            watcher(
+                Api::<PartialObjectMeta<ValidatingWebhookConfiguration>>::all(self.client.clone()),
+                named.clone(),
+            )
+            .default_backoff()
+            .map(|_| ())
+            .boxed(),
+            watcher(
+                Api::<PartialObjectMeta<MutatingWebhookConfiguration>>::all(self.client.clone()),
+                named,
+            )
+            .default_backoff()
+            .map(|_| ())
+            .boxed(),
         ]);
         tokio::pin!(changes);
         let mut failures = 0u32;
@@ -234,7 +246,10 @@ impl Renewer {
                 state.bundle.retain(|cert| !expired.contains(cert));
             }
             Step::SignLeaf { not_after } => {
-                let ca = state.signing.as_ref().ok_or_else(|| Error::Tls("no signing CA".to_owned()))?;
+                let ca = state
+                    .signing
+                    .as_ref()
+                    .ok_or_else(|| Error::Tls("no signing CA".to_owned()))?;
                 state.leaf = Some(pki::sign_leaf(ca, &self.settings.hosts, now, not_after)?);
                 tracing::info!(not_after = %timestamp(not_after), "new serving certificate");
             }
@@ -248,7 +263,11 @@ impl Renewer {
             }
         }
         match secrets
-            .replace(&self.settings.secret, &PostParams::default(), &state.into_secret(secret))
+            .replace(
+                &self.settings.secret,
+                &PostParams::default(),
+                &state.into_secret(secret),
+            )
             .await
         {
             Ok(_) => Ok(None),
@@ -266,8 +285,12 @@ impl Renewer {
         let leaf = state.leaf.as_ref().and_then(|leaf| {
             let cert = pki::first_cert(&leaf.cert).ok()?;
             let sound = signing.as_ref().is_some_and(|ca| {
-                pki::chains_to(&cert.der, std::slice::from_ref(ca), &self.settings.hosts[0], &self.provider)
-                    && pki::names_exactly(&cert.der, &self.settings.hosts)
+                pki::chains_to(
+                    &cert.der,
+                    std::slice::from_ref(ca),
+                    &self.settings.hosts[0],
+                    &self.provider,
+                ) && pki::names_exactly(&cert.der, &self.settings.hosts)
                     && pki::certified_key(leaf, &self.provider).is_ok()
             });
             Some(Leaf {

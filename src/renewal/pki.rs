@@ -35,7 +35,9 @@ pub struct KeyPem {
 impl std::fmt::Debug for KeyPem {
     // A key is never printed.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyPem").field("cert", &self.cert).finish_non_exhaustive()
+        f.debug_struct("KeyPem")
+            .field("cert", &self.cert)
+            .finish_non_exhaustive()
     }
 }
 
@@ -124,8 +126,10 @@ pub fn not_before(der: &[u8]) -> Result<i64> {
 /// A serving key for rustls, if the certificate and key belong together.
 pub fn certified_key(leaf: &KeyPem, provider: &CryptoProvider) -> Result<CertifiedKey> {
     let der = CertificateDer::from_pem_slice(leaf.cert.as_bytes()).map_err(|error| Error::Tls(error.to_string()))?;
-    let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).map_err(|error| Error::Tls(format!("key: {error}")))?;
-    CertifiedKey::from_der(vec![der], key, provider).map_err(|error| Error::Tls(format!("certificate and key: {error}")))
+    let key =
+        PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).map_err(|error| Error::Tls(format!("key: {error}")))?;
+    CertifiedKey::from_der(vec![der], key, provider)
+        .map_err(|error| Error::Tls(format!("certificate and key: {error}")))
 }
 
 /// Whether `leaf` verifies, now, for `host`, against the CAs of `roots`: what the
@@ -167,7 +171,10 @@ pub fn names_exactly(leaf: &[u8], hosts: &[String]) -> bool {
         .collect();
     let wanted: Vec<String> = hosts
         .iter()
-        .map(|host| host.parse::<IpAddr>().map_or_else(|_| host.clone(), |ip| ip.to_string()))
+        .map(|host| {
+            host.parse::<IpAddr>()
+                .map_or_else(|_| host.clone(), |ip| ip.to_string())
+        })
         .collect();
     named.len() == wanted.len() && wanted.iter().all(|host| named.contains(host))
 }
@@ -211,8 +218,18 @@ mod tests {
         let leaf_der = first_cert(&leaf.cert).unwrap().der;
         let (ca, other) = (first_cert(&ca.cert).unwrap(), first_cert(&other.cert).unwrap());
 
-        assert!(chains_to(&leaf_der, &[ca.clone()], "guard.ns.svc", &provider()));
-        assert!(chains_to(&leaf_der, &[other.clone(), ca.clone()], "127.0.0.1", &provider()));
+        assert!(chains_to(
+            &leaf_der,
+            std::slice::from_ref(&ca),
+            "guard.ns.svc",
+            &provider()
+        ));
+        assert!(chains_to(
+            &leaf_der,
+            &[other.clone(), ca.clone()],
+            "127.0.0.1",
+            &provider()
+        ));
         assert!(!chains_to(&leaf_der, &[other], "guard.ns.svc", &provider()));
         assert!(!chains_to(&leaf_der, &[ca], "elsewhere.ns.svc", &provider()));
         assert!(!chains_to(&leaf_der, &[], "guard.ns.svc", &provider()));
@@ -226,7 +243,12 @@ mod tests {
         let ca = new_ca("test", now() - 7200, now() - 60).unwrap();
         let leaf = sign_leaf(&ca, &hosts, now() - 7200, now() - 60).unwrap();
         let ca = first_cert(&ca.cert).unwrap();
-        assert!(!chains_to(&first_cert(&leaf.cert).unwrap().der, &[ca.clone()], "guard.ns.svc", &provider()));
+        assert!(!chains_to(
+            &first_cert(&leaf.cert).unwrap().der,
+            std::slice::from_ref(&ca),
+            "guard.ns.svc",
+            &provider()
+        ));
 
         let fresh = first_cert(&new_ca("b", now(), now() + 60).unwrap().cert).unwrap();
         let certs = vec![ca, fresh];

@@ -206,7 +206,11 @@ fn deadline(facts: &Facts, timing: &Timing) -> i64 {
         times.push(since + timing.settle);
     }
     times.extend(facts.bundle.iter().map(|cert| cert.not_after));
-    times.into_iter().filter(|time| *time > facts.now).min().unwrap_or(facts.now + timing.settle)
+    times
+        .into_iter()
+        .filter(|time| *time > facts.now)
+        .min()
+        .unwrap_or(facts.now + timing.settle)
 }
 
 /// Whether two bundles hold the same certificates, in any order.

@@ -328,7 +328,10 @@ fn three_ca_lifetimes_rotate_with_no_second_unverifiable() {
     world.run(3 * 600);
     assert!(world.rotations >= 3, "{} CA rotations", world.rotations);
     assert!(world.leaves.len() >= 12, "{} leaves", world.leaves.len());
-    assert_eq!(world.broken, 0, "seconds the apiserver could not verify the served leaf");
+    assert_eq!(
+        world.broken, 0,
+        "seconds the apiserver could not verify the served leaf"
+    );
     // Old CAs are pruned: the bundle never grows past the signing, next and one old CA.
     assert!(world.bundle.len() <= 3);
 }
