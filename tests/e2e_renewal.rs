@@ -31,8 +31,28 @@ const CONFIGURATION: &str = "cds-secret-guard";
 const SERVICE_ACCOUNT: &str = "system:serviceaccount:cds-secret-guard:cds-secret-guard";
 
 /// The chart's renewal objects (the state secret and its rights) for a release named
-/// like the shipped one, applied as admin.
-fn apply_chart_renewal_objects() {
+/// like the shipped one, applied as admin, deleted when dropped: Helm would refuse to
+/// adopt them.
+struct ChartRenewalObjects(Vec<u8>);
+
+impl Drop for ChartRenewalObjects {
+    fn drop(&mut self) {
+        let mut delete = kubectl()
+            .args(["delete", "--ignore-not-found", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        delete.stdin.take().unwrap().write_all(&self.0).unwrap();
+        let deleted = delete.wait().unwrap().success();
+        assert!(
+            deleted || std::thread::panicking(),
+            "delete the chart's renewal objects"
+        );
+    }
+}
+
+fn apply_chart_renewal_objects() -> ChartRenewalObjects {
     let rendered = std::process::Command::new(repo().join("target/tools/bin/helm"))
         .args(["template", "cds-secret-guard"])
         .arg(repo().join("manifests/helm/cds-secret-guard"))
@@ -53,6 +73,7 @@ fn apply_chart_renewal_objects() {
         .unwrap();
     apply.stdin.take().unwrap().write_all(&rendered.stdout).unwrap();
     assert!(apply.wait().unwrap().success(), "apply the chart's renewal objects");
+    ChartRenewalObjects(rendered.stdout)
 }
 
 /// Both webhook configurations for the guard at `url`, limited to `namespace`, with no
@@ -138,7 +159,9 @@ fn can_i(verb_and_resource: &[&str]) -> bool {
 #[tokio::test]
 async fn a_ca_rotation_and_leaf_renewals_under_load_fail_no_call() {
     control_plane();
-    apply_chart_renewal_objects();
+    guard_kubeconfig();
+    let _applied = apply_chart_renewal_objects();
+    assert_renewal_rights_reach_only_the_state_secret_and_the_two_configurations();
     let ns = TestNamespace::new("renewal").await;
     let guard = Guard::start_with(GuardOptions {
         env: vec![
@@ -266,11 +289,8 @@ async fn a_ca_rotation_and_leaf_renewals_under_load_fail_no_call() {
     assert!(unregister_webhooks());
 }
 
-#[test]
-fn renewal_rights_reach_only_the_state_secret_and_the_two_configurations() {
-    control_plane();
-    guard_kubeconfig();
-    apply_chart_renewal_objects();
+/// What the chart's renewal rights allow the guard's service account, and what not.
+fn assert_renewal_rights_reach_only_the_state_secret_and_the_two_configurations() {
     let secret = format!("secrets/{STATE}");
     for (verb, resource) in [("get", &*secret), ("update", &*secret), ("watch", &*secret)] {
         assert!(can_i(&[verb, resource, "-n", NAMESPACE]), "{verb} {resource}");

@@ -85,6 +85,9 @@ fn clear_e2e_leftovers() {
         "--ignore-not-found",
         "--wait",
         "clusterrolebinding/cds-secret-guard-check",
+        // tests/e2e_renewal.rs applies the chart's renewal rights (it removes them too).
+        "clusterrolebinding/cds-secret-guard-webhooks",
+        "clusterrole/cds-secret-guard-webhooks",
         "namespace/cds-secret-guard",
     ]));
 }
