@@ -149,12 +149,16 @@ pub fn plan(facts: &Facts, timing: &Timing) -> Step {
         let due = match &facts.leaf {
             None => true,
             Some(leaf) if !leaf.sound => true,
+            // Valid for clearly longer than a new one would be: the validity was
+            // shortened. (The margin keeps replicas with clocks apart from taking turns.)
+            Some(leaf) if leaf.not_after > renewed + timing.leaf_validity / 10 => true,
             Some(leaf) => now >= timing.leaf_renewal(leaf.not_after) && renewed > leaf.not_after,
         };
         if due && renewed > now {
             return Step::SignLeaf { not_after: renewed };
         }
-        if next.is_none() && now >= timing.ca_renewal(signing.not_after) {
+        let shortened = signing.not_after > now + timing.ca_validity + timing.ca_validity / 10;
+        if next.is_none() && (now >= timing.ca_renewal(signing.not_after) || shortened) {
             return Step::NewCa {
                 signing: false,
                 keep: Vec::new(),

@@ -189,10 +189,112 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
         secrets["items"].as_array().unwrap().is_empty().then_some(())
     })
     .await;
+
     drop(release);
+
+    certificates_rotate_under_load().await;
 
     // The same guard from the kustomize manifests.
     kustomize_install_decides_from_its_pods().await;
+}
+
+/// Calls to the guard's webhooks, and failed ones, from the apiserver's own metrics.
+fn webhook_calls() -> (f64, f64) {
+    let metrics = stdout(&run(kubectl().args(["get", "--raw", "/metrics"])));
+    let (mut calls, mut failed) = (0.0, 0.0);
+    for line in metrics.lines().filter(|line| line.contains(".cds-secret-guard.io\"")) {
+        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        if line.starts_with("apiserver_admission_webhook_request_total{") {
+            calls += value;
+        } else if line.starts_with("apiserver_admission_webhook_fail_open_count{")
+            || (line.starts_with("apiserver_admission_webhook_rejection_count{")
+                && !line.contains("error_type=\"no_error\""))
+        {
+            failed += value;
+        }
+    }
+    (calls, failed)
+}
+
+/// The CAs the secret webhook trusts (their PEM bodies).
+fn held_cas(name: &str) -> std::collections::BTreeSet<String> {
+    let webhook = kubectl_json(&["get", "validatingwebhookconfiguration", name]);
+    let encoded = webhook["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap_or_default();
+    let pem = String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).unwrap())
+        .unwrap();
+    pem.split("-----END CERTIFICATE-----")
+        .map(|block| {
+            block
+                .replace("-----BEGIN CERTIFICATE-----", "")
+                .split_whitespace()
+                .collect::<String>()
+        })
+        .filter(|body| !body.is_empty())
+        .collect()
+}
+
+/// The chart installed with its certificates compressed to seconds (a CA of 45 s, leaves
+/// of 15 s), renewed by the guard while the hatchery's race runs: CA rotations and leaf renewals on
+/// both replicas, and not one failed webhook call (the apiserver's metrics), no lost
+/// secret, every worker completed.
+async fn certificates_rotate_under_load() {
+    let release = &Release::install_with(
+        VERSION,
+        &["certificate.guard.caValidity=45s", "certificate.guard.leafValidity=15s"],
+    );
+    let (calls_before, failed_before) = webhook_calls();
+    let cas_seen = std::sync::Arc::new(std::sync::Mutex::new(held_cas(release.name)));
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = tokio::spawn({
+        let (cas_seen, sampling, name) = (cas_seen.clone(), sampling.clone(), release.name);
+        async move {
+            while !sampling.is_cancelled() {
+                let held = tokio::task::spawn_blocking(move || held_cas(name)).await.unwrap();
+                cas_seen.lock().unwrap().extend(held);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+
+    let ns = TestNamespace::new("seed-rotation").await;
+    default_service_account(&ns.name).await;
+    let spawns = seed::Spawns {
+        workers: 60,
+        every: Duration::from_secs(1),
+        list_lag: Duration::from_millis(500),
+    };
+    let outcome = seed::run(&ns, &spawns).await;
+    sampling.cancel();
+    sampler.await.unwrap();
+    let (calls_after, failed_after) = webhook_calls();
+    let cas = cas_seen.lock().unwrap().len();
+    let renewals: usize = release
+        .logs()
+        .iter()
+        .map(|(_, log)| log.matches("new serving certificate").count() + log.matches("the next CA signs").count())
+        .sum();
+    println!(
+        "rotation under load: {outcome:?}; {} webhook calls, {} failed; {cas} CAs seen in the bundle; {renewals} leaves signed",
+        calls_after - calls_before,
+        failed_after - failed_before
+    );
+    assert_eq!(
+        failed_after - failed_before,
+        0.0,
+        "failed webhook calls during the rotation"
+    );
+    assert_eq!(outcome.failed, 0, "cleanup deletes the apiserver could not decide");
+    assert!(
+        outcome.config_errors.is_empty(),
+        "workers lost their secret: {:?}",
+        outcome.config_errors
+    );
+    assert_eq!(outcome.completed.len(), spawns.workers);
+    // A first CA, then another: one rotation at least.
+    assert!(cas >= 2, "CAs seen in the bundle: {cas}");
+    assert!(renewals >= 4, "leaves signed: {renewals}");
 }
 
 /// The kustomize install (the tls-secret overlay) runs on the node too and decides a

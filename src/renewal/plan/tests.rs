@@ -108,6 +108,37 @@ fn a_leaf_capped_by_its_ca_is_not_signed_again_and_again() {
 }
 
 #[test]
+fn a_shortened_validity_takes_effect_at_once() {
+    // A CA and a leaf made under longer validities than the ones now configured.
+    let ca = cert(1, 1000 + 2 * TIMING.ca_validity);
+    let mut facts = empty(1000);
+    facts.bundle = vec![ca.clone()];
+    facts.signing = Some(ca.clone());
+    facts.held = vec![vec![ca.clone()]];
+    facts.leaf = Some(Leaf {
+        not_after: 1000 + 2 * TIMING.leaf_validity,
+        sound: true,
+    });
+    assert_eq!(
+        plan(&facts, &TIMING),
+        Step::SignLeaf {
+            not_after: 1000 + TIMING.leaf_validity
+        }
+    );
+    facts.leaf = Some(Leaf {
+        not_after: 1000 + TIMING.leaf_validity,
+        sound: true,
+    });
+    assert_eq!(
+        plan(&facts, &TIMING),
+        Step::NewCa {
+            signing: false,
+            keep: Vec::new()
+        }
+    );
+}
+
+#[test]
 fn the_bundle_is_published_when_a_webhook_holds_another() {
     let ca = cert(1, 5 * YEAR);
     let mut facts = empty(1000);
