@@ -154,12 +154,20 @@ impl Release {
     /// `helm upgrade` to an image tag with more values (`key=value`); waits for the
     /// rollout.
     pub fn upgrade_with(&self, tag: &str, values: &[&str]) {
+        self.upgrade_waiting(tag, values, true);
+    }
+
+    /// `helm upgrade`, waiting for the rollout or not.
+    pub fn upgrade_waiting(&self, tag: &str, values: &[&str], wait: bool) {
         let mut command = self.helm();
         command
             .args(["upgrade", "--install", self.name])
             .arg(repo().join("manifests/helm/cds-secret-guard"))
-            .args(["--create-namespace", "--wait", "--timeout", "3m"])
+            .arg("--create-namespace")
             .args(["--set", &format!("image.tag={tag}"), "--set", "image.pullPolicy=Never"]);
+        if wait {
+            command.args(["--wait", "--timeout", "3m"]);
+        }
         for value in values {
             command.args(["--set", value]);
         }

@@ -240,10 +240,8 @@ fn held_cas(name: &str) -> std::collections::BTreeSet<String> {
 /// both replicas, and not one failed webhook call (the apiserver's metrics), no lost
 /// secret, every worker completed.
 async fn certificates_rotate_under_load() {
-    let release = &Release::install_with(
-        VERSION,
-        &["certificate.guard.caValidity=45s", "certificate.guard.leafValidity=15s"],
-    );
+    let values = ["certificate.guard.caValidity=45s", "certificate.guard.leafValidity=15s"];
+    let release = &Release::install_with(VERSION, &values);
     let (calls_before, failed_before) = webhook_calls();
     let cas_seen = std::sync::Arc::new(std::sync::Mutex::new(held_cas(release.name)));
     let sampling = tokio_util::sync::CancellationToken::new();
@@ -295,6 +293,94 @@ async fn certificates_rotate_under_load() {
     // A first CA, then another: one rotation at least.
     assert!(cas >= 2, "CAs seen in the bundle: {cas}");
     assert!(renewals >= 4, "leaves signed: {renewals}");
+
+    the_way_out_when_every_replica_is_down(release, &values).await;
+}
+
+/// The replicas scaled to 0 or back (the drill's stand-in for an outage and its fix).
+async fn scale_guard(release: &Release, replicas: usize) {
+    let deployment = format!("deployment/{}", release.name);
+    run(kubectl().args([
+        "-n",
+        release.namespace,
+        "scale",
+        &deployment,
+        &format!("--replicas={replicas}"),
+    ]));
+    if replicas == 0 {
+        eventually("no guard pod left", Duration::from_secs(60), || {
+            release.pods().is_empty().then_some(())
+        })
+        .await;
+    } else {
+        run(kubectl().args([
+            "-n",
+            release.namespace,
+            "rollout",
+            "status",
+            &deployment,
+            "--timeout=120s",
+        ]));
+    }
+}
+
+/// A delete of `secret` that the apiserver could not decide (no replica to call).
+async fn failing_closed(ns: &TestNamespace, secret: &str) {
+    let refusal = ns
+        .delete_secret(secret, &kube::api::DeleteParams::default())
+        .await
+        .expect_err("no guard: the delete fails closed");
+    assert!(
+        refusal.message.contains("failed calling webhook"),
+        "{}",
+        refusal.message
+    );
+}
+
+/// A delete of `secret` that goes through, once the apiserver has the new configuration.
+async fn let_through(ns: &TestNamespace, secret: &str) {
+    let started = std::time::Instant::now();
+    while let Err(refusal) = ns.delete_secret(secret, &kube::api::DeleteParams::default()).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "still refused after the way out: {}",
+            refusal.message
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// docs/operations.md, "When every replica is down", step by step: both ways out let a
+/// protected delete through, and back to normal the guard decides again (with a webhook
+/// configuration recreated by Helm, the guard writes its caBundle back).
+async fn the_way_out_when_every_replica_is_down(release: &Release, values: &[&str]) {
+    let ns = TestNamespace::new("way-out").await;
+    let configuration = format!("validatingwebhookconfiguration/{}", release.name);
+    for (way, worker) in [("failurePolicy=Ignore", "a"), ("delete the configuration", "b")] {
+        let secret = format!("cds-worker-config-{worker}");
+        ns.worker_secret(worker).await;
+        scale_guard(release, 0).await;
+        failing_closed(&ns, &secret).await;
+        if worker == "a" {
+            let ignore = [values, &["webhooks.validating.failurePolicy=Ignore"]].concat();
+            release.upgrade_waiting(VERSION, &ignore, false);
+        } else {
+            run(kubectl().args(["delete", &configuration]));
+        }
+        let_through(&ns, &secret).await;
+        println!("way out ({way}): the delete went through");
+
+        scale_guard(release, 2).await;
+        release.upgrade_with(VERSION, values);
+        let young = format!("cds-worker-config-{worker}-again");
+        ns.worker_secret(&format!("{worker}-again")).await;
+        let refusal = install::refused_by_the_guard(&ns, &young).await;
+        assert!(
+            refusal.message.contains("cannot be deleted within 10m of creation"),
+            "back to normal after {way}: {}",
+            refusal.message
+        );
+    }
 }
 
 /// The kustomize install (the tls-secret overlay) runs on the node too and decides a
