@@ -20,7 +20,7 @@ test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-e
 	tests/tools/build.sh
 	cargo test --locked --all-targets
 	tests/controlplane/cluster.sh up --node
-	cargo test --locked --test shipped
+	cargo test --locked --test shipped -- --nocapture
 
 .PHONY: soak
 soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGKILLed, evictions against the PDB, memory with 10,000 pods and abuse

@@ -88,6 +88,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CDS_GUARD_TLS_RELOAD_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
 
+    /// Certificates the guard makes and renews itself, instead of the files.
+    #[command(flatten)]
+    pub renewal: RenewalArgs,
+
     /// How long in-flight requests may take to finish once the drain delay is over.
     #[arg(long, env = "CDS_GUARD_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
@@ -119,6 +123,41 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "CDS_GUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,
+}
+
+/// Certificates renewed by the guard (`--certificate-secret`).
+#[derive(Debug, Args)]
+pub struct RenewalArgs {
+    /// Secret holding the guard's CAs and serving certificate; given, the guard makes,
+    /// publishes and renews them itself, and the certificate files are not read.
+    #[arg(long, env = "CDS_GUARD_CERTIFICATE_SECRET")]
+    pub certificate_secret: Option<String>,
+
+    /// Namespace of that secret (default: the guard's own).
+    #[arg(long, env = "CDS_GUARD_CERTIFICATE_NAMESPACE")]
+    pub certificate_namespace: Option<String>,
+
+    /// Name of both webhook configurations whose caBundle the guard keeps.
+    #[arg(long, env = "CDS_GUARD_WEBHOOK_CONFIGURATION", default_value = "cds-secret-guard")]
+    pub webhook_configuration: String,
+
+    /// DNS name or IP address of the serving certificate (repeatable; the first is the
+    /// name the apiserver calls).
+    #[arg(
+        long = "certificate-host",
+        env = "CDS_GUARD_CERTIFICATE_HOSTS",
+        value_delimiter = ','
+    )]
+    pub certificate_hosts: Vec<String>,
+
+    /// Validity of a CA the guard makes (e.g. 5y); it is replaced with a third left.
+    #[arg(long, env = "CDS_GUARD_CA_VALIDITY", default_value = "5y", value_parser = humantime::parse_duration)]
+    pub ca_validity: Duration,
+
+    /// Validity of a serving certificate (e.g. 90d), at most a third of the CA's; it is
+    /// renewed with a third left.
+    #[arg(long, env = "CDS_GUARD_LEAF_VALIDITY", default_value = "90d", value_parser = humantime::parse_duration)]
+    pub leaf_validity: Duration,
 }
 
 /// Which secrets are protected and how they pair with pods (shared by the commands).
@@ -306,6 +345,22 @@ impl SecretArgs {
     }
 }
 
+// === impl RenewalArgs ===
+
+impl RenewalArgs {
+    /// The renewal settings, if renewal is asked for.
+    pub fn settings(self) -> Option<crate::renewal::Settings> {
+        Some(crate::renewal::Settings {
+            secret: self.certificate_secret?,
+            namespace: self.certificate_namespace,
+            webhook_configuration: self.webhook_configuration,
+            hosts: non_empty(self.certificate_hosts),
+            ca_validity: self.ca_validity,
+            leaf_validity: self.leaf_validity,
+        })
+    }
+}
+
 // === impl ServeArgs ===
 
 impl ServeArgs {
@@ -317,6 +372,7 @@ impl ServeArgs {
             tls_cert: self.tls_cert,
             tls_key: self.tls_key,
             tls_reload_interval: self.tls_reload_interval,
+            renewal: self.renewal.settings(),
             request_timeout: self.request_timeout,
             mutation_timeout: self.mutation_timeout,
             audit_window: self.audit_summary_window,

@@ -15,6 +15,8 @@ pub struct Config {
     pub tls_key: PathBuf,
     /// How often the certificate files are checked for changes.
     pub tls_reload_interval: Duration,
+    /// Certificates renewed by the guard itself, instead of the files.
+    pub renewal: Option<crate::renewal::Settings>,
     /// Deadline of one admission request, from its first byte to its answer.
     pub request_timeout: Duration,
     /// Deadline of a pod CREATE review (the pod webhook waits 2 s at most).

@@ -18,6 +18,7 @@
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
 //! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
 //! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
+//! - [`renewal`]: certificates the guard makes, publishes and rotates itself;
 //! - [`check`]: the report on protected secrets in a running system.
 
 pub mod admission;
@@ -35,6 +36,7 @@ pub mod owner_refs;
 pub mod pod;
 pub mod pod_cache;
 pub mod policy;
+pub mod renewal;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

@@ -25,6 +25,7 @@ pub struct Metrics {
     label_reads: Family<SourceLabels, Counter>,
     certificate_reloads: Family<ResultLabels, Counter>,
     certificate_expiry: Gauge,
+    ca_expiry: Gauge,
     reconcile_errors: Counter,
     events_dropped: Counter,
     references_added: Counter,
@@ -134,6 +135,13 @@ impl Default for Metrics {
             Unit::Seconds,
             certificate_expiry.clone(),
         );
+        let ca_expiry = Gauge::default();
+        registry.register_with_unit(
+            "certificate_ca_expiry_timestamp",
+            "When the CA signing the guard's serving certificates expires (Unix time; 0 unless the guard renews its certificates)",
+            Unit::Seconds,
+            ca_expiry.clone(),
+        );
         let reconcile_errors = Counter::default();
         registry.register(
             "reconcile_errors",
@@ -176,6 +184,7 @@ impl Default for Metrics {
             label_reads,
             certificate_reloads,
             certificate_expiry,
+            ca_expiry,
             reconcile_errors,
             events_dropped,
             references_added,
@@ -238,6 +247,11 @@ impl Metrics {
     /// Records when the serving certificate in use expires.
     pub fn certificate_expiry(&self, not_after: i64) {
         self.certificate_expiry.set(not_after);
+    }
+
+    /// Records when the CA signing serving certificates expires.
+    pub fn ca_expiry(&self, not_after: i64) {
+        self.ca_expiry.set(not_after);
     }
 
     /// Counts an adoption attempt that failed.

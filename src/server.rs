@@ -46,6 +46,7 @@ use crate::{
     metrics::Metrics,
     owner_refs::Reconciler,
     pod_cache::PodCache,
+    renewal::Renewer,
     tls::CertStore,
 };
 
@@ -63,6 +64,7 @@ pub struct Server {
     config: Config,
     state: Arc<AppState>,
     reconciler: Option<Arc<Reconciler>>,
+    client: Option<kube::Client>,
 }
 
 /// A server whose sockets are bound, ready to serve.
@@ -87,11 +89,14 @@ impl Server {
                 let policy = config.policy.clone();
                 let pods = PodCache::default();
                 let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone(), pods.clone());
+                let client_for_renewal = client.clone();
                 let (lookup, namespaces) = KubeLookup::new(client)
                     .with_pod_cache(pods, metrics.clone())
                     .watching_namespaces(&config.policy.namespaces);
                 tokio::spawn(namespaces);
-                Self::build(config, Arc::new(lookup), metrics, events, Some(reconciler))
+                let mut server = Self::build(config, Arc::new(lookup), metrics, events, Some(reconciler));
+                server.client = Some(client_for_renewal);
+                server
             }
             Err(error) => {
                 tracing::error!(%error, "no Kubernetes client: every worker-secret delete will be denied");
@@ -118,6 +123,7 @@ impl Server {
             config,
             state,
             reconciler,
+            client: None,
         }
     }
 
@@ -131,9 +137,16 @@ impl Server {
         api::probe_router(self.state.clone())
     }
 
-    /// Loads the certificate (a bad pair fails here) and binds both sockets.
+    /// Loads the certificate (a bad pair fails here; renewed, it comes later) and binds
+    /// both sockets.
     pub async fn bind(self) -> Result<Bound> {
-        let certs = CertStore::load(&self.config.tls_cert, &self.config.tls_key)?;
+        let certs = match &self.config.renewal {
+            Some(settings) => {
+                settings.validate()?;
+                CertStore::empty()
+            }
+            None => CertStore::load(&self.config.tls_cert, &self.config.tls_key)?,
+        };
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -179,9 +192,21 @@ impl Bound {
             config,
             state,
             reconciler,
+            client,
         } = server;
         let acceptor = TlsAcceptor::from(Arc::new(certs.server_config()?));
-        tokio::spawn(certs.watch(config.tls_reload_interval, state.metrics.clone(), shutdown.clone()));
+        match (&config.renewal, client) {
+            (Some(settings), Some(client)) => {
+                let trusted = state.certificate_trusted.clone();
+                let renewer = Renewer::new(client, settings.clone(), certs, trusted, state.metrics.clone());
+                tokio::spawn(renewer.run(shutdown.clone()));
+            }
+            // Without a client nothing can be renewed: nothing is served, not ready.
+            (Some(_), None) => tracing::error!("no Kubernetes client: no certificate to serve"),
+            (None, _) => {
+                tokio::spawn(certs.watch(config.tls_reload_interval, state.metrics.clone(), shutdown.clone()));
+            }
+        }
         if let Some(reconciler) = reconciler {
             tokio::spawn(reconciler.run(shutdown.clone()));
         }

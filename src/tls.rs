@@ -1,5 +1,7 @@
-//! The serving certificate. It is loaded when the server binds, so a bad pair fails at
-//! start-up, then the files are polled and reloaded when their content changes. Polling
+//! The serving certificate. From files, it is loaded when the server binds, so a bad
+//! pair fails at start-up, then the files are polled and reloaded when their content
+//! changes. Renewed by the guard ([`crate::renewal`]), it starts empty (handshakes fail
+//! and the server is not ready) until the renewer hands it a certificate to serve. Polling
 //! the content (not inotify on the path) also catches the atomic symlink swap a
 //! Kubernetes secret volume makes. A pair that does not load (say, the certificate is
 //! written and the key not yet) keeps the previous one in service.
@@ -29,7 +31,7 @@ use crate::{Error, Result, metrics::Metrics};
 pub struct CertStore {
     cert_path: PathBuf,
     key_path: PathBuf,
-    current: RwLock<Arc<CertifiedKey>>,
+    current: RwLock<Option<Arc<CertifiedKey>>>,
     /// When the current certificate expires (Unix time).
     not_after: AtomicI64,
     provider: Arc<CryptoProvider>,
@@ -47,18 +49,43 @@ struct Seen {
 impl CertStore {
     /// Loads the pair, failing if it does not make a usable certificate.
     pub fn load(cert_path: &Path, key_path: &Path) -> Result<Arc<Self>> {
-        let provider = CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+        let provider = default_provider();
         let seen = Seen::read(cert_path, key_path)?;
         let (key, not_after) = certified_key(&seen, &provider)?;
         Ok(Arc::new(Self {
             cert_path: cert_path.to_owned(),
             key_path: key_path.to_owned(),
-            current: RwLock::new(Arc::new(key)),
+            current: RwLock::new(Some(Arc::new(key))),
             not_after: AtomicI64::new(not_after),
             provider,
         }))
+    }
+
+    /// A store with nothing to serve yet, for certificates handed over by [`Self::serve`].
+    pub fn empty() -> Arc<Self> {
+        Arc::new(Self {
+            cert_path: PathBuf::new(),
+            key_path: PathBuf::new(),
+            current: RwLock::new(None),
+            not_after: AtomicI64::new(0),
+            provider: default_provider(),
+        })
+    }
+
+    /// The crypto provider certificates are checked with.
+    pub fn provider(&self) -> Arc<CryptoProvider> {
+        self.provider.clone()
+    }
+
+    /// Serves `key` from the next handshake on; whether it was not served already.
+    pub fn serve(&self, key: Arc<CertifiedKey>, not_after: i64) -> bool {
+        let mut current = self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if current.as_ref().is_some_and(|served| served.cert == key.cert) {
+            return false;
+        }
+        *current = Some(key);
+        self.not_after.store(not_after, Ordering::SeqCst);
+        true
     }
 
     /// When the certificate in service expires (Unix time).
@@ -102,7 +129,7 @@ impl CertStore {
             }
             match certified_key(&now, &self.provider) {
                 Ok((key, not_after)) => {
-                    *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(key);
+                    *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Arc::new(key));
                     self.not_after.store(not_after, Ordering::SeqCst);
                     metrics.certificate_expiry(not_after);
                     metrics.certificate_reload(true);
@@ -120,12 +147,10 @@ impl CertStore {
 
 impl ResolvesServerCert for CertStore {
     fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .clone(),
-        )
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 }
 
@@ -144,6 +169,13 @@ impl Seen {
             key: read(key)?,
         })
     }
+}
+
+/// The process's rustls provider (`main` installs ring), or ring.
+fn default_provider() -> Arc<CryptoProvider> {
+    CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
 }
 
 /// Parses a PEM certificate chain and key, and checks that they belong together; also

@@ -384,7 +384,12 @@ fn overlay_webhooks_are_the_charts_for_the_same_settings() {
 #[test]
 fn chart_objects_are_the_kustomize_bases() {
     let base = tls_secret_overlay();
-    let chart = template("cds-secret-guard", "cds-secret-guard", &json!({}));
+    // The overlay's certificate: a secret of the same name, made by Helm here.
+    let chart = template(
+        "cds-secret-guard",
+        "cds-secret-guard",
+        &json!({"certificate": {"source": "generate"}}),
+    );
     let name = "cds-secret-guard";
 
     // Every kind of the base but the Namespace (helm install --create-namespace) and the
@@ -590,7 +595,45 @@ fn every_value_set_renders_what_it_says() {
         let (validating, mutating) = webhooks_of(&objects);
         let bundle = |kind: &str| find(&objects, kind, fullname)["webhooks"][0]["clientConfig"]["caBundle"].clone();
         match name {
-            "default" | "generated certificate" => {
+            "default" => {
+                // The guard's own certificates: its state secret, created empty, rights on
+                // it and on the two configurations by name, no volume, no caBundle.
+                let state = find(&objects, "Secret", "guard-cds-secret-guard-certificate");
+                assert!(state["data"].is_null(), "the guard writes the state");
+                assert!(volume.is_null(), "nothing mounted");
+                assert_eq!(
+                    env_value(&env, "CDS_GUARD_CERTIFICATE_SECRET"),
+                    Some("guard-cds-secret-guard-certificate")
+                );
+                assert_eq!(env_value(&env, "CDS_GUARD_WEBHOOK_CONFIGURATION"), Some(fullname));
+                assert_eq!(
+                    env_value(&env, "CDS_GUARD_CERTIFICATE_HOSTS"),
+                    Some("guard-cds-secret-guard.ci-tools.svc,guard-cds-secret-guard.ci-tools.svc.cluster.local")
+                );
+                assert_eq!(env_value(&env, "CDS_GUARD_CA_VALIDITY"), Some("5y"));
+                assert_eq!(env_value(&env, "CDS_GUARD_LEAF_VALIDITY"), Some("90d"));
+                assert_eq!(env_value(&env, "CDS_GUARD_TLS_CERT"), None);
+                let role = find(&objects, "Role", "guard-cds-secret-guard-certificate");
+                assert_eq!(role["metadata"]["namespace"], "ci-tools");
+                assert_eq!(
+                    role["rules"],
+                    json!([{"apiGroups": [""], "resources": ["secrets"],
+                            "resourceNames": ["guard-cds-secret-guard-certificate"],
+                            "verbs": ["get", "list", "watch", "update"]}])
+                );
+                let webhooks = find(&objects, "ClusterRole", "guard-cds-secret-guard-webhooks");
+                assert_eq!(
+                    webhooks["rules"],
+                    json!([{"apiGroups": ["admissionregistration.k8s.io"],
+                            "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+                            "resourceNames": [fullname], "verbs": ["get", "list", "watch", "update"]}])
+                );
+                for kind in ["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"] {
+                    assert!(bundle(kind).is_null(), "{name}: the guard keeps the caBundle");
+                }
+                assert!(of_kind(&objects, "Certificate").is_empty());
+            }
+            "generated certificate" => {
                 let secret = find(&objects, "Secret", "guard-cds-secret-guard-tls");
                 assert_eq!(volume, "guard-cds-secret-guard-tls");
                 for kind in ["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"] {
@@ -607,11 +650,16 @@ fn every_value_set_renders_what_it_says() {
             "namespaced" => {
                 let mut namespaces: Vec<String> = of_kind(&objects, "Role")
                     .iter()
+                    .filter(|r| r["metadata"]["name"] == fullname)
                     .map(|r| r["metadata"]["namespace"].as_str().unwrap().to_owned())
                     .collect();
                 namespaces.sort();
                 assert_eq!(namespaces, ["cds", "ci"]);
-                assert_eq!(of_kind(&objects, "RoleBinding").len(), 2);
+                assert_eq!(
+                    of_kind(&objects, "RoleBinding").len(),
+                    3,
+                    "two namespaces and the certificate"
+                );
                 let names = find(&objects, "ClusterRole", "guard-cds-secret-guard-namespaces");
                 assert_eq!(names["rules"][0]["resourceNames"], json!(["cds", "ci"]));
                 assert_eq!(env_value(&env, "CDS_GUARD_NAMESPACES"), Some("cds,ci"));
@@ -692,7 +740,12 @@ fn every_value_set_renders_what_it_says() {
                 assert_eq!(validating[0]["timeoutSeconds"], 3);
                 assert_eq!(mutating[0]["timeoutSeconds"], 4);
                 assert!(of_kind(&objects, "PodDisruptionBudget").is_empty());
-                assert_eq!(of_kind(&objects, "ClusterRole").len(), 1, "no check role");
+                assert!(
+                    of_kind(&objects, "ClusterRole")
+                        .iter()
+                        .all(|role| role["metadata"]["name"] != "guard-cds-secret-guard-check"),
+                    "no check role"
+                );
             }
             other => unreachable!("{other}"),
         }
@@ -725,7 +778,7 @@ fn chart_refuses_what_cannot_work() {
 
 #[tokio::test]
 async fn the_guard_serves_the_generated_certificate() {
-    let objects = template("guard", "ci-tools", &json!({}));
+    let objects = template("guard", "ci-tools", &json!({"certificate": {"source": "generate"}}));
     let secret = find(&objects, "Secret", "guard-cds-secret-guard-tls");
     let dir = tempfile::tempdir().unwrap();
     for file in ["tls.crt", "tls.key", "ca.crt"] {
@@ -834,7 +887,8 @@ fn exists(args: &[&str]) -> bool {
 
 #[test]
 fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
-    let release = Release::install("guard-helm", "cds-secret-guard-helm", &json!({}));
+    let generated = json!({"certificate": {"source": "generate"}});
+    let release = Release::install("guard-helm", "cds-secret-guard-helm", &generated);
     let (name, ns) = ("guard-helm-cds-secret-guard", "cds-secret-guard-helm");
 
     // Everything the apiserver accepted is there (no kubelet: the Deployment has no pods).
@@ -888,7 +942,7 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
 
     // An upgrade keeps the generated certificate (read back with lookup): a new one would
     // change the caBundle before the replicas reload their files.
-    release.upgrade(&json!({"replicas": 3}));
+    release.upgrade(&json!({"replicas": 3, "certificate": {"source": "generate"}}));
     let upgraded = kubectl_json(&["-n", ns, "get", "secret", "guard-helm-cds-secret-guard-tls"]);
     assert_eq!(upgraded["data"], secret["data"], "certificate kept across upgrades");
     let deployment = kubectl_json(&["-n", ns, "get", "deployment", name]);
@@ -904,6 +958,50 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
     ] {
         assert!(!exists(&["get", object]), "{object} left behind");
     }
+}
+
+/// With the default `certificate.source: guard`, what the guard writes (the caBundle of
+/// both configurations, its state secret's data) survives `helm upgrade`: the chart
+/// writes neither, so Helm's three-way merge leaves them alone. Uninstall removes the
+/// state and the rights.
+#[test]
+fn an_upgrade_keeps_what_the_guard_wrote_and_uninstall_removes_its_state() {
+    let release = Release::install("guard-renew", "cds-secret-guard-renew", &json!({}));
+    let (name, ns) = ("guard-renew-cds-secret-guard", "cds-secret-guard-renew");
+    let state = format!("{name}-certificate");
+    let created = kubectl_json(&["-n", ns, "get", "secret", &state]);
+    assert!(created["data"].is_null(), "created empty");
+
+    // What the guard would write: a bundle into each webhook, its state into the secret.
+    let bundle = BASE64.encode("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+    for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
+        let patch = json!([{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}]);
+        run(harness::kubectl().args(["patch", kind, name, "--type", "json", "-p", &patch.to_string()]));
+    }
+    let data = json!({"data": {"ca.crt": BASE64.encode("ca"), "tls.crt": BASE64.encode("leaf")}});
+    run(harness::kubectl().args(["-n", ns, "patch", "secret", &state, "-p", &data.to_string()]));
+
+    release.upgrade(&json!({"replicas": 3, "gracePeriod": "20m"}));
+    for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
+        let webhook = kubectl_json(&["get", kind, name]);
+        assert_eq!(
+            webhook["webhooks"][0]["clientConfig"]["caBundle"], bundle,
+            "{kind} kept"
+        );
+    }
+    let upgraded = kubectl_json(&["-n", ns, "get", "secret", &state]);
+    assert_eq!(upgraded["data"], data["data"], "state kept across upgrades");
+    let deployment = kubectl_json(&["-n", ns, "get", "deployment", name]);
+    assert_eq!(deployment["spec"]["replicas"], 3, "the upgrade did happen");
+
+    let output = release.uninstall();
+    assert!(output.status.success(), "{output:?}");
+    assert!(!exists(&["-n", ns, "get", "secret", &state]), "state left behind");
+    assert!(!exists(&["-n", ns, "get", "role", &state]), "role left behind");
+    assert!(
+        !exists(&["get", "clusterrole", &format!("{name}-webhooks")]),
+        "clusterrole left behind"
+    );
 }
 
 #[test]

@@ -16,9 +16,10 @@ use crate::{
     pod::PodObject,
 };
 
-/// `/readyz`: 200 while serving, 503 before and while draining.
+/// `/readyz`: 200 while serving a certificate the webhooks trust, 503 before, without
+/// one, and while draining.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    if state.ready.load(Ordering::SeqCst) {
+    if state.ready.load(Ordering::SeqCst) && state.certificate_trusted.load(Ordering::SeqCst) {
         "ok".into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()

@@ -34,6 +34,9 @@ pub struct AppState {
     pub(crate) requests: Arc<Semaphore>,
     /// What `/readyz` says; false before serving and while draining.
     pub(crate) ready: AtomicBool,
+    /// Whether the certificate served is one the webhooks trust: always, from files;
+    /// as the renewer last checked, when the guard renews its certificates.
+    pub(crate) certificate_trusted: Arc<AtomicBool>,
 }
 
 // === impl AppState ===
@@ -54,6 +57,7 @@ impl AppState {
             admitted: Semaphore::new(config.limits.max_connections),
             requests: Arc::new(Semaphore::new(config.limits.max_requests)),
             ready: AtomicBool::new(false),
+            certificate_trusted: Arc::new(AtomicBool::new(config.renewal.is_none())),
         }
     }
 }

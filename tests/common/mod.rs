@@ -88,6 +88,7 @@ pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
         tls_cert: tls_dir.join("tls.crt"),
         tls_key: tls_dir.join("tls.key"),
         tls_reload_interval: Duration::from_millis(100),
+        renewal: None,
         request_timeout: Duration::from_secs(4),
         mutation_timeout: Duration::from_secs(1),
         audit_window: Duration::from_secs(60),

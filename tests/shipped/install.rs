@@ -85,6 +85,9 @@ fn clear_e2e_leftovers() {
         "--ignore-not-found",
         "--wait",
         "clusterrolebinding/cds-secret-guard-check",
+        // tests/e2e_renewal.rs applies the chart's renewal rights (it removes them too).
+        "clusterrolebinding/cds-secret-guard-webhooks",
+        "clusterrole/cds-secret-guard-webhooks",
         "namespace/cds-secret-guard",
     ]));
 }
@@ -129,23 +132,46 @@ impl Release {
     /// `helm install` (or upgrade) with this image tag, `--wait`: the Deployment's pods
     /// are ready when it returns.
     pub fn install(tag: &str) -> Self {
+        Self::install_with(tag, &[])
+    }
+
+    /// `helm install` with more values (`key=value`).
+    pub fn install_with(tag: &str, values: &[&str]) -> Self {
         let release = Self {
             name: "cds-secret-guard",
             namespace: "cds-secret-guard",
         };
         let _ = release.helm().args(["uninstall", release.name, "--wait"]).output();
-        release.upgrade(tag);
+        release.upgrade_with(tag, values);
         release
     }
 
     /// `helm upgrade` to an image tag; waits for the rollout.
     pub fn upgrade(&self, tag: &str) {
-        run(self
-            .helm()
+        self.upgrade_with(tag, &[]);
+    }
+
+    /// `helm upgrade` to an image tag with more values (`key=value`); waits for the
+    /// rollout.
+    pub fn upgrade_with(&self, tag: &str, values: &[&str]) {
+        self.upgrade_waiting(tag, values, true);
+    }
+
+    /// `helm upgrade`, waiting for the rollout or not.
+    pub fn upgrade_waiting(&self, tag: &str, values: &[&str], wait: bool) {
+        let mut command = self.helm();
+        command
             .args(["upgrade", "--install", self.name])
             .arg(repo().join("manifests/helm/cds-secret-guard"))
-            .args(["--create-namespace", "--wait", "--timeout", "3m"])
-            .args(["--set", &format!("image.tag={tag}"), "--set", "image.pullPolicy=Never"]));
+            .arg("--create-namespace")
+            .args(["--set", &format!("image.tag={tag}"), "--set", "image.pullPolicy=Never"]);
+        if wait {
+            command.args(["--wait", "--timeout", "3m"]);
+        }
+        for value in values {
+            command.args(["--set", value]);
+        }
+        run(&mut command);
     }
 
     /// The guard's pods: name, node, ready.

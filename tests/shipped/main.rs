@@ -189,10 +189,198 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
         secrets["items"].as_array().unwrap().is_empty().then_some(())
     })
     .await;
+
     drop(release);
+
+    certificates_rotate_under_load().await;
 
     // The same guard from the kustomize manifests.
     kustomize_install_decides_from_its_pods().await;
+}
+
+/// Calls to the guard's webhooks, and failed ones, from the apiserver's own metrics.
+fn webhook_calls() -> (f64, f64) {
+    let metrics = stdout(&run(kubectl().args(["get", "--raw", "/metrics"])));
+    let (mut calls, mut failed) = (0.0, 0.0);
+    for line in metrics.lines().filter(|line| line.contains(".cds-secret-guard.io\"")) {
+        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        if line.starts_with("apiserver_admission_webhook_request_total{") {
+            calls += value;
+        } else if line.starts_with("apiserver_admission_webhook_fail_open_count{")
+            || (line.starts_with("apiserver_admission_webhook_rejection_count{")
+                && !line.contains("error_type=\"no_error\""))
+        {
+            failed += value;
+        }
+    }
+    (calls, failed)
+}
+
+/// The CAs the secret webhook trusts (their PEM bodies).
+fn held_cas(name: &str) -> std::collections::BTreeSet<String> {
+    let webhook = kubectl_json(&["get", "validatingwebhookconfiguration", name]);
+    let encoded = webhook["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap_or_default();
+    let pem = String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).unwrap())
+        .unwrap();
+    pem.split("-----END CERTIFICATE-----")
+        .map(|block| {
+            block
+                .replace("-----BEGIN CERTIFICATE-----", "")
+                .split_whitespace()
+                .collect::<String>()
+        })
+        .filter(|body| !body.is_empty())
+        .collect()
+}
+
+/// The chart installed with its certificates compressed to seconds (a CA of 45 s, leaves
+/// of 15 s), renewed by the guard while the hatchery's race runs: CA rotations and leaf renewals on
+/// both replicas, and not one failed webhook call (the apiserver's metrics), no lost
+/// secret, every worker completed.
+async fn certificates_rotate_under_load() {
+    let values = ["certificate.guard.caValidity=45s", "certificate.guard.leafValidity=15s"];
+    let release = &Release::install_with(VERSION, &values);
+    let (calls_before, failed_before) = webhook_calls();
+    let cas_seen = std::sync::Arc::new(std::sync::Mutex::new(held_cas(release.name)));
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = tokio::spawn({
+        let (cas_seen, sampling, name) = (cas_seen.clone(), sampling.clone(), release.name);
+        async move {
+            while !sampling.is_cancelled() {
+                let held = tokio::task::spawn_blocking(move || held_cas(name)).await.unwrap();
+                cas_seen.lock().unwrap().extend(held);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+
+    let ns = TestNamespace::new("seed-rotation").await;
+    default_service_account(&ns.name).await;
+    let spawns = seed::Spawns {
+        workers: 60,
+        every: Duration::from_secs(1),
+        list_lag: Duration::from_millis(500),
+    };
+    let outcome = seed::run(&ns, &spawns).await;
+    sampling.cancel();
+    sampler.await.unwrap();
+    let (calls_after, failed_after) = webhook_calls();
+    let cas = cas_seen.lock().unwrap().len();
+    let renewals: usize = release
+        .logs()
+        .iter()
+        .map(|(_, log)| log.matches("new serving certificate").count() + log.matches("the next CA signs").count())
+        .sum();
+    println!(
+        "rotation under load: {outcome:?}; {} webhook calls, {} failed; {cas} CAs seen in the bundle; {renewals} leaves signed",
+        calls_after - calls_before,
+        failed_after - failed_before
+    );
+    assert_eq!(
+        failed_after - failed_before,
+        0.0,
+        "failed webhook calls during the rotation"
+    );
+    assert_eq!(outcome.failed, 0, "cleanup deletes the apiserver could not decide");
+    assert!(
+        outcome.config_errors.is_empty(),
+        "workers lost their secret: {:?}",
+        outcome.config_errors
+    );
+    assert_eq!(outcome.completed.len(), spawns.workers);
+    // A first CA, then another: one rotation at least.
+    assert!(cas >= 2, "CAs seen in the bundle: {cas}");
+    assert!(renewals >= 4, "leaves signed: {renewals}");
+
+    the_way_out_when_every_replica_is_down(release, &values).await;
+}
+
+/// The replicas scaled to 0 or back (the drill's stand-in for an outage and its fix).
+async fn scale_guard(release: &Release, replicas: usize) {
+    let deployment = format!("deployment/{}", release.name);
+    run(kubectl().args([
+        "-n",
+        release.namespace,
+        "scale",
+        &deployment,
+        &format!("--replicas={replicas}"),
+    ]));
+    if replicas == 0 {
+        eventually("no guard pod left", Duration::from_secs(60), || {
+            release.pods().is_empty().then_some(())
+        })
+        .await;
+    } else {
+        run(kubectl().args([
+            "-n",
+            release.namespace,
+            "rollout",
+            "status",
+            &deployment,
+            "--timeout=120s",
+        ]));
+    }
+}
+
+/// A delete of `secret` that the apiserver could not decide (no replica to call).
+async fn failing_closed(ns: &TestNamespace, secret: &str) {
+    let refusal = ns
+        .delete_secret(secret, &kube::api::DeleteParams::default())
+        .await
+        .expect_err("no guard: the delete fails closed");
+    assert!(
+        refusal.message.contains("failed calling webhook"),
+        "{}",
+        refusal.message
+    );
+}
+
+/// A delete of `secret` that goes through, once the apiserver has the new configuration.
+async fn let_through(ns: &TestNamespace, secret: &str) {
+    let started = std::time::Instant::now();
+    while let Err(refusal) = ns.delete_secret(secret, &kube::api::DeleteParams::default()).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "still refused after the way out: {}",
+            refusal.message
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// docs/operations.md, "When every replica is down", step by step: both ways out let a
+/// protected delete through, and back to normal the guard decides again (with a webhook
+/// configuration recreated by Helm, the guard writes its caBundle back).
+async fn the_way_out_when_every_replica_is_down(release: &Release, values: &[&str]) {
+    let ns = TestNamespace::new("way-out").await;
+    let configuration = format!("validatingwebhookconfiguration/{}", release.name);
+    for (way, worker) in [("failurePolicy=Ignore", "a"), ("delete the configuration", "b")] {
+        let secret = format!("cds-worker-config-{worker}");
+        ns.worker_secret(worker).await;
+        scale_guard(release, 0).await;
+        failing_closed(&ns, &secret).await;
+        if worker == "a" {
+            let ignore = [values, &["webhooks.validating.failurePolicy=Ignore"]].concat();
+            release.upgrade_waiting(VERSION, &ignore, false);
+        } else {
+            run(kubectl().args(["delete", &configuration]));
+        }
+        let_through(&ns, &secret).await;
+        println!("way out ({way}): the delete went through");
+
+        scale_guard(release, 2).await;
+        release.upgrade_with(VERSION, values);
+        let young = format!("cds-worker-config-{worker}-again");
+        ns.worker_secret(&format!("{worker}-again")).await;
+        let refusal = install::refused_by_the_guard(&ns, &young).await;
+        assert!(
+            refusal.message.contains("cannot be deleted within 10m of creation"),
+            "back to normal after {way}: {}",
+            refusal.message
+        );
+    }
 }
 
 /// The kustomize install (the tls-secret overlay) runs on the node too and decides a
