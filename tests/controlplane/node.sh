@@ -271,9 +271,13 @@ node_launch() { # node_launch NAME
 		;;
 	kube-proxy)
 		# --iptables-localhost-nodeports=false: no route_localnet on the host.
+		# NodePorts on the node's IP only: `primary` from 1.31; 1.30 refuses it ("must be
+		# a valid CIDR") and gets the CIDR that `primary` stands for.
+		local nodeport_addresses=primary
+		((k8s_minor >= 31)) || nodeport_addresses="$node_ip/32"
 		start kube-proxy --kubeconfig="$node_dir/kube-proxy.kubeconfig" \
 			--hostname-override="$node_name" --proxy-mode=iptables --cluster-cidr="$pod_cidr" \
-			--conntrack-max-per-core=0 --iptables-localhost-nodeports=false --nodeport-addresses=primary \
+			--conntrack-max-per-core=0 --iptables-localhost-nodeports=false --nodeport-addresses="$nodeport_addresses" \
 			--healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249
 		;;
 	kubelet)
