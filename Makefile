@@ -22,6 +22,15 @@ test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-e
 	tests/controlplane/cluster.sh up --node
 	cargo test --locked --test shipped -- --nocapture
 
+# The Kubernetes releases `make compat` runs on: the oldest supported, the pinned one
+# (the only one `make test` and CI use), the newest served. Each needs pins in
+# tests/controlplane/ (kube/ and etcd/ for the pinned one, versions/<release>/ for others).
+COMPAT_VERSIONS ?= v1.30.14 v1.36.3 v1.37.2
+
+.PHONY: compat
+compat: ## The suites `make test` runs on the control plane, then the node and the shipped suite, on each of COMPAT_VERSIONS; a table of results (hack/compat.sh)
+	hack/compat.sh $(COMPAT_VERSIONS)
+
 .PHONY: soak
 soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGKILLed, evictions against the PDB, memory with 10,000 pods and abuse
 	tests/controlplane/cluster.sh up --node

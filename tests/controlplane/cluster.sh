@@ -43,6 +43,9 @@
 # Env (read by `up` only; later commands use the recorded values):
 #   CDS_CP_APISERVER_PORT (6443), CDS_CP_ETCD_CLIENT_PORT (2379),
 #   CDS_CP_ETCD_PEER_PORT (2380), CDS_CP_TIMEOUT (seconds to wait, 120).
+#   K8S_VERSION: the Kubernetes release (build.sh: the pinned one by default, or
+#   one with pins in versions/). Unset, `up` keeps the running control plane's;
+#   set to another release than the running one's, `up` refuses (run `down` first).
 #   HA: CDS_CP_HA=1 (or true/yes/on), CDS_CP_APISERVER_B_PORT (apiserver port + 1); etcd member
 #   N listens on client port + 2N and peer port + 2N.
 set -euo pipefail
@@ -97,6 +100,7 @@ set_mode() {
 load_ports() {
 	mode=""
 	node=0
+	version=""
 	apiserver_b_port=""
 	if [[ -f "$run/ports.env" ]]; then
 		# shellcheck source=/dev/null
@@ -108,6 +112,11 @@ load_ports() {
 		apiserver_b_port="${CDS_CP_APISERVER_B_PORT:-}"
 	fi
 	[[ -n "$apiserver_b_port" ]] || apiserver_b_port=$((apiserver_port + 1))
+	# No record (or one from before K8S_VERSION): the release bin/ holds, else the
+	# pinned one (kube/go.mod's, the only one before K8S_VERSION).
+	if [[ -z "$version" && -f "$bin/.k8s-version" ]]; then version="$(<"$bin/.k8s-version")"; fi
+	[[ -n "$version" ]] || version="$(sed -n 's#^[[:space:]]*k8s\.io/kubernetes \(v[0-9.]*\).*#\1#p' "$here/kube/go.mod")"
+	set_version "$version"
 	if [[ -z "$mode" ]]; then # no record (or one from before HA mode): what runs
 		mode=single
 		local name
@@ -116,6 +125,22 @@ load_ports() {
 		done
 	fi
 	set_mode "$mode"
+}
+
+# set_version VERSION: the release and its minor (k8s_minor), for the flags that
+# differ between releases.
+set_version() {
+	version=$1
+	[[ "$version" =~ ^v1\.([0-9]+)\.[0-9]+$ ]] || die "bad Kubernetes version '$version' (want v1.MINOR.PATCH)"
+	k8s_minor=${BASH_REMATCH[1]}
+}
+
+# ensure_binaries: bin/ holds the recorded release's binaries (build.sh links them from
+# its cache; another release's `build.sh` may have replaced them since `up`).
+ensure_binaries() {
+	[[ "$(cat "$bin/.k8s-version" 2>/dev/null)" == "$version" ]] && return 0
+	log "bin/ does not hold $version's binaries: linking them (build.sh)"
+	K8S_VERSION=$version "$here/build.sh" >&2
 }
 
 # etcd member NAME's ports: etcd uses the base ports, etcd-N base + 2N.
@@ -512,7 +537,7 @@ launch_group() {
 # ports.env: the mode, the ports and whether a node runs, for the later commands.
 save_ports() {
 	{
-		printf 'mode=%s\nnode=%s\n' "$mode" "$node"
+		printf 'mode=%s\nnode=%s\nversion=%s\n' "$mode" "$node" "$version"
 		printf 'apiserver_port=%s\netcd_client_port=%s\netcd_peer_port=%s\n' \
 			"$apiserver_port" "$etcd_client_port" "$etcd_peer_port"
 		if [[ "$mode" == ha ]]; then printf 'apiserver_b_port=%s\n' "$apiserver_b_port"; fi
@@ -538,12 +563,25 @@ cmd_up() {
 		shift
 	done
 	if [[ "$want" == ha && "$want_node" == 1 ]]; then die "up: a node is made for the single control plane, not with --ha"; fi
-	"$here/build.sh"
+	# The release: K8S_VERSION, else the running control plane's, else build.sh's
+	# default. A running one is never swapped for another release under its clients.
+	local want_version="${K8S_VERSION:-}" name running=0
+	for name in "${all_components[@]}"; do
+		if pid_of "$name" >/dev/null; then running=$((running + 1)); fi
+	done
+	if ((running > 0)); then
+		load_ports
+		if [[ -n "$want_version" && "$want_version" != "$version" ]]; then
+			die "Kubernetes $version is running; K8S_VERSION=$want_version asks for another release: run \`$0 down\` first, then \`K8S_VERSION=$want_version $0 up\`"
+		fi
+		want_version=$version
+	fi
+	if [[ -n "$want_version" ]]; then K8S_VERSION=$want_version "$here/build.sh"; else "$here/build.sh"; fi
 	mkdir -p "$logs" "$run"
 	# Serialize up/down: two at once would start everything twice.
 	lock
 
-	local name running=0
+	running=0
 	for name in "${all_components[@]}"; do
 		if pid_of "$name" >/dev/null; then running=$((running + 1)); fi
 	done
@@ -552,6 +590,7 @@ cmd_up() {
 		load_ports
 		node=${want_node:-0}
 		set_mode "$want"
+		set_version "$(<"$bin/.k8s-version")"
 		# Check every port before starting anything, so a clash leaves nothing behind.
 		local ports=()
 		for name in "${etcds[@]}"; do
@@ -571,6 +610,9 @@ cmd_up() {
 		save_ports
 	else
 		load_ports # keep the ports of what already runs
+		# Another `up` may have started a release while this one was building.
+		[[ "$(<"$bin/.k8s-version")" == "$version" ]] ||
+			die "Kubernetes $version is running but bin/ holds $(<"$bin/.k8s-version"); run \`$0 down\` first"
 		if [[ "$mode" != "$want" ]]; then
 			die "a control plane in $mode mode is running; run \`$0 down\` first, then \`$0 up$([[ $want == ha ]] && echo ' --ha')\`"
 		fi
@@ -612,10 +654,10 @@ cmd_up() {
 		log "already up and healthy"
 	fi
 	if [[ "$mode" == ha ]]; then
-		log "ready (HA): a https://127.0.0.1:$apiserver_port, b https://127.0.0.1:$apiserver_b_port, etcd $(etcd_servers)"
+		log "ready (HA, Kubernetes $version): a https://127.0.0.1:$apiserver_port, b https://127.0.0.1:$apiserver_b_port, etcd $(etcd_servers)"
 		log "KUBECONFIG=$kubeconfig (a), $kubeconfig_a, $kubeconfig_b"
 	else
-		log "ready: https://127.0.0.1:$apiserver_port, KUBECONFIG=$kubeconfig"
+		log "ready (Kubernetes $version): https://127.0.0.1:$apiserver_port, KUBECONFIG=$kubeconfig"
 	fi
 	# Measured: built-in types are collected at once, even right after start;
 	# dependents of a CRD's kind only after the GC's next discovery (<= 30 s).
@@ -678,6 +720,7 @@ cmd_fault() {
 	fi
 	if [[ "$action" == start || "$action" == restart ]]; then
 		mkdir -p "$logs"
+		ensure_binaries
 		t0=$(date +%s%N)
 		if pid_of "$name" >/dev/null; then
 			log "$name already running (pid $(pid_of "$name"))"
@@ -702,6 +745,7 @@ cmd_status() {
 	load_ports
 	local name pid up=0 port
 	[[ "$mode" == single ]] || echo "mode: $mode"
+	echo "kubernetes: $version"
 	for name in "${components[@]}"; do
 		if pid="$(pid_of "$name")"; then
 			echo "$name: running (pid $pid)"

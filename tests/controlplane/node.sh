@@ -216,12 +216,16 @@ EOF
   ]
 }
 EOF
+	# This host is cgroup v1; 1.35+ refuse it unless told (failCgroupV1, a field since
+	# 1.31: 1.30 decodes an unknown field only leniently, with a warning, so it gets none).
+	local cgroup_v1="failCgroupV1: false"
+	((k8s_minor >= 31)) || cgroup_v1="# failCgroupV1: not in $version; it runs on cgroup v1"
 	cat >"$node_dir/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-# This host is cgroup v1; 1.35+ refuse it unless told, and containerd 1.6 does not
-# report its cgroup driver.
-failCgroupV1: false
+# This host is cgroup v1 (see node.sh), and containerd 1.6 does not report its
+# cgroup driver.
+$cgroup_v1
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://$containerd_sock
 address: $node_ip
@@ -267,9 +271,13 @@ node_launch() { # node_launch NAME
 		;;
 	kube-proxy)
 		# --iptables-localhost-nodeports=false: no route_localnet on the host.
+		# NodePorts on the node's IP only: `primary` from 1.31; 1.30 refuses it ("must be
+		# a valid CIDR") and gets the CIDR that `primary` stands for.
+		local nodeport_addresses=primary
+		((k8s_minor >= 31)) || nodeport_addresses="$node_ip/32"
 		start kube-proxy --kubeconfig="$node_dir/kube-proxy.kubeconfig" \
 			--hostname-override="$node_name" --proxy-mode=iptables --cluster-cidr="$pod_cidr" \
-			--conntrack-max-per-core=0 --iptables-localhost-nodeports=false --nodeport-addresses=primary \
+			--conntrack-max-per-core=0 --iptables-localhost-nodeports=false --nodeport-addresses="$nodeport_addresses" \
 			--healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249
 		;;
 	kubelet)

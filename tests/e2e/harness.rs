@@ -470,22 +470,24 @@ impl Guard {
             .collect()
     }
 
-    /// Waits (briefly: the guard writes it before answering) for the audit line of a
-    /// decision on `secret` in `namespace`.
+    /// Waits (briefly) for the audit line of a decision on `secret` in `namespace`.
     pub async fn audit_line(&self, namespace: &str, secret: &str, decision: &str) -> Value {
+        self.audit_line_where(&format!("{decision} audit line for {namespace}/{secret}"), |line| {
+            line["namespace"] == namespace && line["secret"] == secret && line["decision"] == decision
+        })
+        .await
+    }
+
+    /// Waits (briefly) for the first audit line that `matches`; `what` names it when none
+    /// comes. Waiting is needed: the guard queues the line before it answers, but its
+    /// writer (non-blocking, telemetry.rs) may write it after the answer arrives.
+    pub async fn audit_line_where(&self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let found = self.audit_lines().into_iter().find(|line| {
-                line["namespace"] == namespace && line["secret"] == secret && line["decision"] == decision
-            });
-            if let Some(line) = found {
+            if let Some(line) = self.audit_lines().into_iter().find(&matches) {
                 return line;
             }
-            assert!(
-                Instant::now() < deadline,
-                "no {decision} audit line for {namespace}/{secret}; log:\n{}",
-                self.log()
-            );
+            assert!(Instant::now() < deadline, "no {what}; log:\n{}", self.log());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

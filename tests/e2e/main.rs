@@ -90,10 +90,11 @@ async fn live_pod_keeps_its_secret_after_the_grace_period_dry_run_included() {
     assert_eq!(audit["reason"], "pod-live");
     assert_eq!(audit["pod"], "w-live");
     let dry = guard
-        .audit_lines()
-        .into_iter()
-        .find(|l| l["secret"] == "cds-worker-config-w-live" && l["dry_run"] == true);
-    assert!(dry.is_some_and(|l| l["decision"] == "deny"), "dry-run denial audited");
+        .audit_line_where("dry-run audit line for cds-worker-config-w-live", |l| {
+            l["namespace"] == ns.name.as_str() && l["secret"] == "cds-worker-config-w-live" && l["dry_run"] == true
+        })
+        .await;
+    assert_eq!(dry["decision"], "deny", "dry-run denial audited");
 }
 
 #[tokio::test]
