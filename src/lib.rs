@@ -16,6 +16,7 @@
 //! - [`pod_cache`]: the reconciler's pod watches as the decisions' cache, and when it
 //!   may stand in for a quorum read;
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
+//! - [`lease`]: the Lease that elects the one replica doing that work;
 //! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
 //! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
 //! - [`check`]: the report on protected secrets in a running system.
@@ -28,6 +29,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod events;
+pub mod lease;
 pub mod lookup;
 pub mod metrics;
 pub mod mutation;
