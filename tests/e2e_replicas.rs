@@ -51,15 +51,23 @@ const RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// The tests count one service account's requests: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The shipped Lease, deleted when dropped: a replica killed by a test leaves it held, and
+/// the next guard to use it (`make dashboard`'s) would wait for it to lapse.
+struct ShippedLease;
+
+impl Drop for ShippedLease {
+    fn drop(&mut self) {
+        let _ = kubectl()
+            .args(["-n", LEASE_NAMESPACE, "delete", "lease", LEASE, "--ignore-not-found"])
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
 /// The shipped Lease, fresh: no holder.
-fn fresh_lease() {
+fn fresh_lease() -> ShippedLease {
     guard_kubeconfig();
-    let deleted = kubectl()
-        .args(["-n", LEASE_NAMESPACE, "delete", "lease", LEASE, "--ignore-not-found"])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(deleted.success());
+    drop(ShippedLease);
     let applied = kubectl()
         .args(["-n", LEASE_NAMESPACE, "apply", "-f"])
         .arg(repo().join("manifests/base/lease.yaml"))
@@ -67,6 +75,7 @@ fn fresh_lease() {
         .status()
         .unwrap();
     assert!(applied.success(), "apply manifests/base/lease.yaml");
+    ShippedLease
 }
 
 async fn holder() -> Option<String> {
@@ -215,7 +224,8 @@ fn by_kind(requests: &[Value]) -> BTreeMap<String, usize> {
 /// apiserver received from the guards, by resource and verb.
 async fn run_with(replicas: usize, lease: bool) -> BTreeMap<String, usize> {
     let ns = TestNamespace::new(&format!("replicas-{replicas}")).await;
-    fresh_lease();
+    // Dropped after the replicas (declared before them).
+    let _lease = fresh_lease();
     let from = Timestamp::now();
     // No drain delay: a stopped run's replicas are gone before the next run starts.
     let drain = ("CDS_GUARD_DRAIN_DELAY", "0s");
@@ -350,7 +360,7 @@ fn percentile(values: &[Duration], q: f64) -> Duration {
 async fn another_replica_adopts_when_the_holder_dies_or_stops() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let ns = TestNamespace::new("failover").await;
-    fresh_lease();
+    let _lease = fresh_lease();
     let guards = [replica("replica-a", &ns.name, &[]), replica("replica-b", &ns.name, &[])];
     let (first, _) = new_holder(None, Duration::from_secs(10)).await;
     let index = |identity: &str| usize::from(identity == "replica-b");
