@@ -198,7 +198,7 @@ impl Reconciler {
             .for_each(move |pod| {
                 match pod {
                     // Unbounded: the watch, which the decisions read, never waits for the
-                    // controller (whose queue keeps one entry per pod anyway).
+                    // controller, which drains the channel into its queue (one entry a pod).
                     Ok(pod) => {
                         if let Some(controller) = lock(&term).as_ref() {
                             let _ = controller.unbounded_send(pod);
