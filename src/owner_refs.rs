@@ -264,6 +264,9 @@ impl Reconciler {
             .applied_objects();
         // The pass over the store waits for the pod watch's first list: until then the
         // store is empty, and the pods listed before this term began were not forwarded.
+        // A relist after that keeps the old store until it ends: a pod first seen in a
+        // relist under way when the term begins waits for the next term or restart (its
+        // secret stays protected; only the garbage collector's cleanup waits).
         let every_pod = stream::once({
             let pods = pods.clone();
             async move {
