@@ -7,7 +7,8 @@
 # 1. Two guard replicas (debug build) run on the host against the local control plane, as
 #    the guard's service account with the shipped role; the webhooks are registered at the
 #    first replica's URL (a Service would do no better: the apiserver keeps one HTTP/2
-#    connection), both run the reconciler.
+#    connection); both run the reconciler's pod watch, and the holder of the shipped
+#    Lease (manifests/base/lease.yaml) adds the ownerReferences, as in the chart.
 # 2. A Prometheus built from the same module and version as promtool
 #    (tests/tools/build.sh prometheus, cached) scrapes both replicas' /metrics every 5 s,
 #    from a static scrape config: job cds-secret-guard, and the labels namespace and pod a
@@ -96,6 +97,7 @@ prometheus_listen="127.0.0.1:${CDS_DASHBOARD_PROMETHEUS_PORT:-$(free_port)}"
 # As its service account, with the shipped role (as `hack/local.sh up --host` does).
 kubectl create namespace cds-secret-guard --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl -n cds-secret-guard apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
+kubectl -n cds-secret-guard apply -f "$repo/manifests/base/lease.yaml" >/dev/null
 "$cluster" sa-kubeconfig cds-secret-guard cds-secret-guard "$state/guard.kubeconfig"
 
 guard_pids=()
@@ -127,7 +129,7 @@ for i in $(seq 0 $((replicas - 1))); do
 	probes="127.0.0.1:${ports[$((2 * i + 1))]}"
 	KUBECONFIG="$state/guard.kubeconfig" CDS_GUARD_LISTEN="$listen" CDS_GUARD_PROBE_LISTEN="$probes" \
 		CDS_GUARD_TLS_CERT="$state/certs/tls.crt" CDS_GUARD_TLS_KEY="$state/certs/tls.key" \
-		CDS_GUARD_GRACE_PERIOD=20s \
+		CDS_GUARD_GRACE_PERIOD=20s CDS_GUARD_LEASE=cds-secret-guard CDS_GUARD_LEASE_IDENTITY="cds-secret-guard-$i" \
 		"$guard" serve >"$state/guard-$i.log" 2>&1 &
 	guard_pids+=($!)
 	for _ in $(seq 100); do

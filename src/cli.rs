@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, Limits, Mode, PolicyConfig};
+use crate::config::{Config, LeaseConfig, Limits, Mode, PolicyConfig};
 
 /// The name the binary answers to as a kubectl plugin (`kubectl cds-guard check`).
 pub const KUBECTL_PLUGIN: &str = "kubectl-cds_guard";
@@ -79,6 +79,10 @@ pub struct ServeArgs {
     /// Who is exempt and which namespaces are protected.
     #[command(flatten)]
     pub scope: ScopeArgs,
+
+    /// Which replica does the adoption work.
+    #[command(flatten)]
+    pub lease: LeaseArgs,
 
     /// `enforce` denies; `warn` allows but returns the reasons as warnings.
     #[arg(long, env = "CDS_GUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
@@ -201,6 +205,33 @@ pub struct ScopeArgs {
     /// Namespace to watch and protect (repeatable; default: all).
     #[arg(long = "namespace", env = "CDS_GUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+}
+
+/// The Lease that elects the one replica doing the adoption work (`serve`).
+#[derive(Debug, Args)]
+pub struct LeaseArgs {
+    /// Name of the Lease, in the guard's own namespace, that elects the one replica adding
+    /// ownerReferences (the chart creates it); without it, every replica does that work.
+    #[arg(long = "lease", env = "CDS_GUARD_LEASE")]
+    pub name: Option<String>,
+
+    /// This replica's name in the Lease (the chart gives the pod's name; default:
+    /// hostname_pid).
+    #[arg(long = "lease-identity", env = "CDS_GUARD_LEASE_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// How long the other replicas wait, after the Lease last changed, before they take
+    /// it over (whole seconds).
+    #[arg(long = "lease-duration", env = "CDS_GUARD_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// How long the holder keeps adopting without renewing the Lease; below the duration.
+    #[arg(long = "lease-renew-deadline", env = "CDS_GUARD_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub renew_deadline: Duration,
+
+    /// How often every replica reads the Lease, and its holder renews it.
+    #[arg(long = "lease-retry-period", env = "CDS_GUARD_LEASE_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub retry_period: Duration,
 }
 
 /// Flags of `check`.
@@ -361,6 +392,33 @@ impl RenewalArgs {
     }
 }
 
+// === impl LeaseArgs ===
+
+impl LeaseArgs {
+    /// The Lease these flags describe, if one is named.
+    pub fn config(self) -> Option<LeaseConfig> {
+        let name = self.name.filter(|name| !name.is_empty())?;
+        Some(LeaseConfig {
+            name,
+            identity: self.identity.unwrap_or_else(default_identity),
+            duration: self.duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        })
+    }
+}
+
+/// `hostname_pid`: unique among the replicas of one host, as client-go's users make it.
+fn default_identity() -> String {
+    let hostname = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "cds-secret-guard".to_owned());
+    format!("{hostname}_{}", std::process::id())
+}
+
 // === impl ServeArgs ===
 
 impl ServeArgs {
@@ -395,6 +453,7 @@ impl ServeArgs {
                 namespaces: non_empty(self.scope.namespaces),
                 mode: self.mode,
             },
+            lease: self.lease.config(),
         }
     }
 }
@@ -460,6 +519,53 @@ mod tests {
             panic!("not serve")
         };
         assert!(args.into_config().policy.exempt_users.is_empty());
+    }
+
+    #[test]
+    fn without_a_lease_every_replica_adopts() {
+        let cli = Cli::try_parse_from(["cds-secret-guard", "serve"]).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert!(args.into_config().lease.is_none());
+    }
+
+    #[test]
+    fn the_lease_keeps_kube_controller_managers_timing() {
+        let cli = Cli::try_parse_from([
+            "cds-secret-guard",
+            "serve",
+            "--lease",
+            "guard",
+            "--lease-identity",
+            "pod-a",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        let config = args.into_config();
+        config.validate().unwrap();
+        let lease = config.lease.unwrap();
+        assert_eq!((lease.name.as_str(), lease.identity.as_str()), ("guard", "pod-a"));
+        assert_eq!(
+            (lease.duration, lease.renew_deadline, lease.retry_period),
+            (Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
+        );
+    }
+
+    #[rstest::rstest]
+    #[case::renew_deadline_past_the_duration(&["--lease-renew-deadline", "20s"])]
+    #[case::retry_past_the_renew_deadline(&["--lease-retry-period", "10s"])]
+    #[case::duration_in_fractions(&["--lease-duration", "15500ms"])]
+    #[case::no_retry_period(&["--lease-retry-period", "0s"])]
+    fn a_lease_that_cannot_work_is_refused(#[case] flags: &[&str]) {
+        let args = ["cds-secret-guard", "serve", "--lease", "guard"].iter().chain(flags);
+        let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("not serve")
+        };
+        let error = args.into_config().validate().unwrap_err();
+        assert!(error.to_string().contains("--lease"), "{error}");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! - [`pod_cache`]: the reconciler's pod watches as the decisions' cache, and when it
 //!   may stand in for a quorum read;
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
+//! - [`lease`]: the Lease that elects the one replica doing that work;
 //! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
 //! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
 //! - [`renewal`]: certificates the guard makes, publishes and rotates itself;
@@ -29,6 +30,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod events;
+pub mod lease;
 pub mod lookup;
 pub mod metrics;
 pub mod mutation;

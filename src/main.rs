@@ -29,7 +29,9 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             // Held until exit: dropping it flushes the buffered log lines.
             let _logs = telemetry::init(args.log_format);
-            let server = Server::from_config(args.into_config()).await;
+            let config = args.into_config();
+            config.validate()?;
+            let server = Server::from_config(config).await;
             let bound = server.bind().await.context("cannot start the server")?;
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));

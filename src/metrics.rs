@@ -31,6 +31,7 @@ pub struct Metrics {
     references_added: Counter,
     adoption_conflicts: Counter,
     adoption_latency: Histogram,
+    leader: Gauge,
 }
 
 /// Labels of `admission_decisions_total`. Static strings: counting a decision
@@ -173,6 +174,12 @@ impl Default for Metrics {
             Unit::Seconds,
             adoption_latency.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica does the adoption work (it holds the lease, or runs without one), else 0",
+            leader.clone(),
+        );
         let build = Info::new(vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]);
         registry.register("build", "Build information", build);
         Self {
@@ -190,6 +197,7 @@ impl Default for Metrics {
             references_added,
             adoption_conflicts,
             adoption_latency,
+            leader,
         }
     }
 }
@@ -277,6 +285,11 @@ impl Metrics {
     /// Records the time from a pod's creation to its secret's ownerReference.
     pub fn adoption_latency(&self, seconds: f64) {
         self.adoption_latency.observe(seconds);
+    }
+
+    /// Records whether this replica does the adoption work.
+    pub fn leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// The registry in the Prometheus text format.

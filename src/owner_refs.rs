@@ -13,8 +13,17 @@
 //! apiserver: no other secret reaches the guard), and maps a secret to the pod named after
 //! its worker. Events for one pod are coalesced; a pod is reconciled once per UID (status
 //! updates do not trigger it), and a failed reconcile is retried with backoff until it
-//! succeeds or becomes moot (pod gone, secret gone). Writes carry the secret's
-//! resourceVersion, so several replicas converge on one reference without a leader.
+//! succeeds or becomes moot (pod gone, secret gone).
+//!
+//! With a Lease ([`crate::lease`]), only its holder adopts. Every replica keeps its pod
+//! watch, which is also the decisions' cache ([`PodCache`]); the holder's watch forwards
+//! the pods to its controller, which it starts, with a watch of the secrets of its own,
+//! when it takes the Lease, and stops when it loses it. A new term begins with one pass
+//! over every pod in the store, as a restart does: the pods seen while another replica
+//! held the Lease were not forwarded. Writes carry the secret's resourceVersion, so the
+//! replicas converge on one reference whether one of them adopts (a Lease), all of them
+//! (none), or two for a moment (a holder that has stalled past its lease): a second
+//! writer costs a 409 Conflict and a re-read, never a wrong reference.
 
 use std::{
     collections::HashMap,
@@ -23,7 +32,12 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, TryStreamExt, future::join_all};
+use futures::{
+    StreamExt, TryStreamExt,
+    channel::mpsc,
+    future::{join, join_all},
+    stream,
+};
 use k8s_openapi::{
     api::core::v1::Secret,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
@@ -47,6 +61,7 @@ use crate::{
     Error, Result,
     config::PolicyConfig,
     events::{Events, secret_reference},
+    lease::Leadership,
     metrics::Metrics,
     pod::{PodLiveness, PodState, WorkerPod},
     pod_cache::PodCache,
@@ -128,9 +143,9 @@ impl Reconciler {
         })
     }
 
-    /// Reconciles until `shutdown`: one controller per watched namespace, or one for all.
-    /// The watches' initial lists backfill what existed before the guard started.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Watches worker pods until `shutdown`, and adopts their secrets while `leadership`
+    /// says so: one watch and controller per watched namespace, or one for all.
+    pub async fn run(self: Arc<Self>, leadership: Leadership, shutdown: CancellationToken) {
         let scopes: Vec<Option<String>> = if self.policy.namespaces.is_empty() {
             vec![None]
         } else {
@@ -138,7 +153,7 @@ impl Reconciler {
         };
         let controllers = scopes
             .into_iter()
-            .map(|scope| self.clone().run_scope(scope, shutdown.clone()));
+            .map(|scope| self.clone().run_scope(scope, leadership.clone(), shutdown.clone()));
         join_all(controllers).await;
     }
 
@@ -154,24 +169,91 @@ impl Reconciler {
         }
     }
 
-    async fn run_scope(self: Arc<Self>, namespace: Option<String>, shutdown: CancellationToken) {
-        let labelled = watcher::Config::default().labels(&self.policy.worker_label);
-
+    /// One scope's pod watch, all along, and its controller, term after term.
+    async fn run_scope(
+        self: Arc<Self>,
+        namespace: Option<String>,
+        mut leadership: Leadership,
+        shutdown: CancellationToken,
+    ) {
         // Metadata, the worker label's value and the phase (a metadata-only watch has no
         // phase): the store that the controller reads is also the decisions' cache.
         let cache = self.pod_cache.add(namespace.clone(), &self.policy.worker_label);
         let pods = cache.store();
         let label = self.policy.worker_label.clone();
-        let pod_events = watcher(self.api::<PodLiveness>(namespace.as_deref()), labelled.clone())
+        // Where the watch sends the pods to adopt: the controller of the term in progress.
+        let term: Arc<Mutex<Option<mpsc::UnboundedSender<PodLiveness>>>> = Arc::default();
+        let watch = {
+            let term = term.clone();
+            watcher(
+                self.api::<PodLiveness>(namespace.as_deref()),
+                watcher::Config::default().labels(&self.policy.worker_label),
+            )
             .default_backoff()
             .modify(move |pod| pod.keep_worker(&label))
             .inspect_ok(move |event| cache.observe(event))
             .applied_objects()
             // Once per pod UID: status updates change nothing adoption depends on.
-            .predicate_filter(uid, Default::default());
+            .predicate_filter(uid, Default::default())
+            .for_each(move |pod| {
+                match pod {
+                    // Unbounded: the watch, which the decisions read, never waits for the
+                    // controller, which drains the channel into its queue (one entry a pod).
+                    Ok(pod) => {
+                        if let Some(controller) = lock(&term).as_ref() {
+                            let _ = controller.unbounded_send(pod);
+                        }
+                    }
+                    Err(error) => tracing::debug!(%error, "pod watch interrupted, retrying"),
+                }
+                std::future::ready(())
+            })
+        };
+        let watch = async {
+            tokio::select! {
+                () = watch => {}
+                () = shutdown.cancelled() => {}
+            }
+        };
+        let terms = async {
+            while leadership.gained().await && !shutdown.is_cancelled() {
+                let (sender, receiver) = mpsc::unbounded();
+                *lock(&term) = Some(sender);
+                let ended = shutdown.child_token();
+                let lost = tokio::spawn({
+                    let (ended, mut leadership) = (ended.clone(), leadership.clone());
+                    async move {
+                        tokio::select! {
+                            () = leadership.lost() => ended.cancel(),
+                            () = ended.cancelled() => {}
+                        }
+                    }
+                });
+                tracing::debug!(namespace = namespace.as_deref(), "adoption term begins");
+                self.clone()
+                    .adopt_until(namespace.as_deref(), receiver, pods.clone(), ended.clone())
+                    .await;
+                tracing::debug!(namespace = namespace.as_deref(), "adoption term ends");
+                *lock(&term) = None;
+                ended.cancel();
+                let _ = lost.await;
+            }
+        };
+        join(watch, terms).await;
+    }
 
+    /// One term's controller: reconciles the pods the watch forwards, the pods of the
+    /// secrets its own secret watch sees, and once every pod of the store, until `ended`.
+    async fn adopt_until(
+        self: Arc<Self>,
+        namespace: Option<&str>,
+        forwarded: mpsc::UnboundedReceiver<PodLiveness>,
+        pods: Store<PodLiveness>,
+        ended: CancellationToken,
+    ) {
+        let labelled = watcher::Config::default().labels(&self.policy.worker_label);
         let (secrets, secret_writer) = reflector::store();
-        let secret_events = watcher(self.api::<PartialObjectMeta<Secret>>(namespace.as_deref()), labelled)
+        let secret_events = watcher(self.api::<PartialObjectMeta<Secret>>(namespace), labelled)
             .default_backoff()
             // Annotations may hold a copy of the data (kubectl's last-applied-configuration).
             .modify(|secret| {
@@ -180,6 +262,17 @@ impl Reconciler {
             })
             .reflect(secret_writer)
             .applied_objects();
+        // The pass over the store waits for the pod watch's first list: until then the
+        // store is empty, and the pods listed before this term began were not forwarded.
+        // A relist after that keeps the old store until it ends: a pod first seen in a
+        // relist under way when the term begins waits for the next term or restart (its
+        // secret stays protected; only the garbage collector's cleanup waits).
+        let every_pod = stream::once({
+            let pods = pods.clone();
+            async move {
+                let _ = pods.wait_until_ready().await;
+            }
+        });
 
         let policy = self.policy.clone();
         let watched = pods.clone();
@@ -189,10 +282,11 @@ impl Reconciler {
             secrets,
             retries: Mutex::default(),
         });
-        Controller::for_stream(pod_events, pods)
+        Controller::for_stream(forwarded.map(Ok), pods)
             .watches_stream(secret_events, move |secret| pod_of(&policy, &secret.metadata, &watched))
+            .reconcile_all_on(every_pod)
             .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
-            .graceful_shutdown_on(shutdown.cancelled_owned())
+            .graceful_shutdown_on(ended.cancelled_owned())
             .run(reconcile, error_policy, context)
             .for_each(|result| async move {
                 if let Err(error) = result {
@@ -332,6 +426,11 @@ fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta, pods: &Store<PodLiveness>)
         crate::policy::pod_owners(secret).any(|owner| Some(owner.uid.as_str()) == uid)
     });
     (!adopted).then_some(pod)
+}
+
+/// The forwarding slot of a scope, whatever a panicking holder left in it.
+fn lock<T>(slot: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The predicate that lets each pod through once per UID.

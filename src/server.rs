@@ -1,6 +1,6 @@
 //! The server's life: binding, the TLS accept loop with its bounds, the probe server
-//! beside it, the reconciler and certificate reloads as background tasks, and the
-//! drain on SIGTERM. What a request gets is in [`crate::api`].
+//! beside it, the reconciler, the Lease's elector and certificate reloads as background
+//! tasks, and the drain on SIGTERM. What a request gets is in [`crate::api`].
 //!
 //! What a client of the admission port can hold is bounded: connections (a semaphore
 //! before `accept`), the TLS handshake and each request's headers (`idle_timeout`), idle
@@ -42,6 +42,7 @@ use crate::{
     api::{self, AppState},
     config::Limits,
     events::Events,
+    lease::{Elector, Leadership},
     lookup::{ClusterLookup, KubeLookup, Unavailable},
     metrics::Metrics,
     owner_refs::Reconciler,
@@ -63,8 +64,17 @@ pub const WINDOW: u32 = 64 * 1024;
 pub struct Server {
     config: Config,
     state: Arc<AppState>,
-    reconciler: Option<Arc<Reconciler>>,
+    adoption: Option<Adoption>,
+    /// The client certificate renewal uses (`--certificate-secret`).
     client: Option<kube::Client>,
+}
+
+/// The adoption work: the reconciler, and when this replica runs it.
+struct Adoption {
+    reconciler: Arc<Reconciler>,
+    leadership: Leadership,
+    /// The Lease's elector (`--lease`); without one, this replica always adopts.
+    elector: Option<Elector>,
 }
 
 /// A server whose sockets are bound, ready to serve.
@@ -90,11 +100,26 @@ impl Server {
                 let pods = PodCache::default();
                 let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone(), pods.clone());
                 let client_for_renewal = client.clone();
+                let (elector, leadership) = match config.lease.clone() {
+                    Some(lease) => {
+                        let (elector, leadership) = Elector::new(client.clone(), lease, metrics.clone());
+                        (Some(elector), leadership)
+                    }
+                    None => {
+                        metrics.leader(true);
+                        (None, Leadership::always())
+                    }
+                };
+                let adoption = Adoption {
+                    reconciler,
+                    leadership,
+                    elector,
+                };
                 let (lookup, namespaces) = KubeLookup::new(client)
                     .with_pod_cache(pods, metrics.clone())
                     .watching_namespaces(&config.policy.namespaces);
                 tokio::spawn(namespaces);
-                let mut server = Self::build(config, Arc::new(lookup), metrics, events, Some(reconciler));
+                let mut server = Self::build(config, Arc::new(lookup), metrics, events, Some(adoption));
                 server.client = Some(client_for_renewal);
                 server
             }
@@ -116,13 +141,13 @@ impl Server {
         lookup: Arc<dyn ClusterLookup>,
         metrics: Arc<Metrics>,
         events: Events,
-        reconciler: Option<Arc<Reconciler>>,
+        adoption: Option<Adoption>,
     ) -> Self {
         let state = Arc::new(AppState::new(&config, lookup, metrics, events));
         Self {
             config,
             state,
-            reconciler,
+            adoption,
             client: None,
         }
     }
@@ -191,15 +216,19 @@ impl Bound {
         let Server {
             config,
             state,
-            reconciler,
+            adoption,
             client,
         } = server;
         let acceptor = TlsAcceptor::from(Arc::new(certs.server_config()?));
+        // Renewal, like adoption, is the Lease holder's work; every replica serves.
+        let leadership = adoption
+            .as_ref()
+            .map_or_else(Leadership::always, |adoption| adoption.leadership.clone());
         match (&config.renewal, client) {
             (Some(settings), Some(client)) => {
                 let trusted = state.certificate_trusted.clone();
                 let renewer = Renewer::new(client, settings.clone(), certs, trusted, state.metrics.clone());
-                tokio::spawn(renewer.run(shutdown.clone()));
+                tokio::spawn(renewer.run(leadership, shutdown.clone()));
             }
             // Without a client nothing can be renewed: nothing is served, not ready.
             (Some(_), None) => tracing::error!("no Kubernetes client: no certificate to serve"),
@@ -207,8 +236,17 @@ impl Bound {
                 tokio::spawn(certs.watch(config.tls_reload_interval, state.metrics.clone(), shutdown.clone()));
             }
         }
-        if let Some(reconciler) = reconciler {
-            tokio::spawn(reconciler.run(shutdown.clone()));
+        // The elector releases the Lease as soon as `shutdown` comes, so that another
+        // replica takes over while this one drains; it is waited for before the end.
+        let mut elector = None;
+        if let Some(Adoption {
+            reconciler,
+            leadership,
+            elector: lease,
+        }) = adoption
+        {
+            elector = lease.map(|lease| tokio::spawn(lease.run(shutdown.clone())));
+            tokio::spawn(reconciler.run(leadership, shutdown.clone()));
         }
         let audit_done = CancellationToken::new();
         tokio::spawn(state.audit.clone().run(audit_done.clone()));
@@ -254,6 +292,11 @@ impl Bound {
         tracing::info!("shutting down: finishing requests in flight");
         if !connections.close(config.shutdown_timeout).await {
             tracing::warn!("requests still in flight after the shutdown timeout");
+        }
+        if let Some(elector) = elector
+            && tokio::time::timeout(Duration::from_secs(2), elector).await.is_err()
+        {
+            tracing::warn!("the lease was not released in time; it lapses");
         }
         audit_done.cancel();
         state.audit.flush_all();

@@ -183,10 +183,12 @@ fn guard_env(objects: &[Value]) -> Vec<(String, String)> {
         .unwrap()
         .iter()
         .map(|e| {
-            (
-                e["name"].as_str().unwrap().to_owned(),
-                e["value"].as_str().unwrap().to_owned(),
-            )
+            // A value from the downward API reads as its source, e.g. `metadata.name`.
+            let value = match e["value"].as_str() {
+                Some(value) => value.to_owned(),
+                None => e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap().to_owned(),
+            };
+            (e["name"].as_str().unwrap().to_owned(), value)
         })
         .collect()
 }
@@ -455,6 +457,10 @@ fn chart_objects_are_the_kustomize_bases() {
         ("ClusterRole", "cds-secret-guard-check", "rules"),
         ("ClusterRoleBinding", name, "subjects"),
         ("ClusterRoleBinding", name, "roleRef"),
+        ("Role", "cds-secret-guard-lease", "rules"),
+        ("RoleBinding", "cds-secret-guard-lease", "subjects"),
+        ("RoleBinding", "cds-secret-guard-lease", "roleRef"),
+        ("Lease", name, "spec"),
         ("Service", name, "spec"),
         ("PodDisruptionBudget", name, "spec"),
     ] {
@@ -648,17 +654,24 @@ fn every_value_set_renders_what_it_says() {
                 assert!(of_kind(&objects, "Certificate").is_empty());
             }
             "namespaced" => {
-                let mut namespaces: Vec<String> = of_kind(&objects, "Role")
-                    .iter()
-                    .filter(|r| r["metadata"]["name"] == fullname)
-                    .map(|r| r["metadata"]["namespace"].as_str().unwrap().to_owned())
-                    .collect();
-                namespaces.sort();
-                assert_eq!(namespaces, ["cds", "ci"]);
+                let watched = |kind: &str| -> Vec<String> {
+                    let mut namespaces: Vec<String> = of_kind(&objects, kind)
+                        .iter()
+                        .filter(|r| r["metadata"]["name"] == fullname)
+                        .map(|r| r["metadata"]["namespace"].as_str().unwrap().to_owned())
+                        .collect();
+                    namespaces.sort();
+                    namespaces
+                };
+                assert_eq!(watched("Role"), ["cds", "ci"]);
+                assert_eq!(watched("RoleBinding"), ["cds", "ci"]);
+                // And the Lease's, in the release namespace, whatever the scope.
+                let lease = find(&objects, "Role", "guard-cds-secret-guard-lease");
+                assert_eq!(lease["metadata"]["namespace"], "ci-tools");
                 assert_eq!(
                     of_kind(&objects, "RoleBinding").len(),
-                    3,
-                    "two namespaces and the certificate"
+                    4,
+                    "two namespaces, the Lease and the certificate"
                 );
                 let names = find(&objects, "ClusterRole", "guard-cds-secret-guard-namespaces");
                 assert_eq!(names["rules"][0]["resourceNames"], json!(["cds", "ci"]));
@@ -897,6 +910,9 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
         "service",
         "serviceaccount",
         "poddisruptionbudget",
+        "lease",
+        "role/guard-helm-cds-secret-guard-lease",
+        "rolebinding/guard-helm-cds-secret-guard-lease",
         "secret/guard-helm-cds-secret-guard-tls",
     ] {
         let object = if object.contains('/') {
@@ -940,6 +956,47 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
         );
     }
 
+    // And on its Lease, in the release namespace, what the elector does and nothing more:
+    // RBAC cannot limit `create` to a name, so the chart creates the Lease, with no holder.
+    for (verb, lease, allowed) in [
+        ("get", name, "yes"),
+        ("patch", name, "yes"),
+        ("delete", name, "no"),
+        ("get", "another-lease", "no"),
+        ("patch", "another-lease", "no"),
+    ] {
+        let output = harness::kubectl()
+            .args(["auth", "can-i", verb, &format!("leases.coordination.k8s.io/{lease}")])
+            .args(["-n", ns, "--as", &sa])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim(),
+            allowed,
+            "{verb} lease {lease}"
+        );
+    }
+    let output = harness::kubectl()
+        .args([
+            "auth",
+            "can-i",
+            "create",
+            "leases.coordination.k8s.io",
+            "-n",
+            ns,
+            "--as",
+            &sa,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "no", "create leases");
+    let lease = kubectl_json(&["-n", ns, "get", "lease", name]);
+    assert_eq!(
+        lease["spec"]["holderIdentity"],
+        Value::Null,
+        "no holder until a replica runs"
+    );
+
     // An upgrade keeps the generated certificate (read back with lookup): a new one would
     // change the caBundle before the replicas reload their files.
     release.upgrade(&json!({"replicas": 3, "certificate": {"source": "generate"}}));
@@ -957,6 +1014,10 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
         "clusterrole/guard-helm-cds-secret-guard",
     ] {
         assert!(!exists(&["get", object]), "{object} left behind");
+    }
+    for object in ["lease", "role", "rolebinding"] {
+        let object = format!("{object}/{name}{}", if object == "lease" { "" } else { "-lease" });
+        assert!(!exists(&["-n", ns, "get", &object]), "{object} left behind");
     }
 }
 

@@ -2,12 +2,14 @@
 //! certificates made by the guard, kept in one Secret, the CA published into the
 //! webhooks' caBundle, rotated in the order that never breaks a call ([`plan`]).
 //!
-//! Every replica runs the renewer. It acts a few times per leaf lifetime, each step a
-//! conditional write computed from what it just read, so concurrent renewers converge as
-//! the reconcilers do, at the cost of a 409 per rotation and replica, never per worker;
-//! and renewal does not wait for a leader to be healthy. Each replica also serves from
-//! the same reads: the newest leaf it has seen that chains to the bundle every webhook
-//! holds, checked by rustls' verifier as the apiserver will check it.
+//! Every replica runs the renewer and serves from its reads: the newest leaf it has seen
+//! that chains to the bundle every webhook holds, checked by rustls' verifier as the
+//! apiserver will check it. Only the holder of the Lease (`--lease`) writes, as it alone
+//! adopts: replicas of two chart versions during an upgrade (two validities) then never
+//! take turns undoing each other's steps. Without a Lease every replica writes; each step
+//! is a conditional write computed from what was just read, so they converge at the cost
+//! of a 409 per step and replica. Renewal acts a few times per leaf lifetime, and a Lease
+//! left by a dead holder passes on within its 15 s, far inside the settle times.
 
 pub mod pki;
 pub mod plan;
@@ -43,7 +45,7 @@ use self::{
     plan::{Cert, Facts, Leaf, Step, Timing},
     state::{State, Webhooks},
 };
-use crate::{Error, Result, metrics::Metrics, tls::CertStore};
+use crate::{Error, Result, lease::Leadership, metrics::Metrics, tls::CertStore};
 
 /// The longest the renewer sleeps between two reads when nothing changes.
 const IDLE: Duration = Duration::from_secs(60);
@@ -147,10 +149,10 @@ impl Renewer {
         }
     }
 
-    /// Reads, serves, renews, until `shutdown`. It wakes on a change of the Secret or
-    /// of either configuration (metadata watches of the one name each), at the next
-    /// deadline, or every minute.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    /// Reads, serves, and renews while `leadership` says so, until `shutdown`. It wakes
+    /// on a change of the Secret or of either configuration (metadata watches of the one
+    /// name each), of leadership, at the next deadline, or every minute.
+    pub async fn run(mut self, mut leadership: Leadership, shutdown: CancellationToken) {
         let named =
             watcher::Config::default().fields(&format!("metadata.name={}", self.settings.webhook_configuration));
         let secret = watcher::Config::default().fields(&format!("metadata.name={}", self.settings.secret));
@@ -180,7 +182,7 @@ impl Renewer {
         tokio::pin!(changes);
         let mut failures = 0u32;
         loop {
-            let wait = match self.round().await {
+            let wait = match self.round(leadership.is_leading()).await {
                 Ok(None) => {
                     failures = 0;
                     continue;
@@ -200,19 +202,23 @@ impl Renewer {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
                 Some(()) = changes.next() => {}
+                () = leadership.changed() => {}
             }
         }
     }
 
-    /// One read and at most one step: `Some(deadline)` when there is nothing to do
-    /// before it, `None` when a step was taken (read again at once).
-    async fn round(&mut self) -> Result<Option<i64>> {
+    /// One read and, when `acting`, at most one step: `Some(deadline)` when there is
+    /// nothing to do before it, `None` when a step was taken (read again at once).
+    async fn round(&mut self, acting: bool) -> Result<Option<i64>> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let secret = secrets.get(&self.settings.secret).await?;
         let webhooks = Webhooks::read(&self.client, &self.settings.webhook_configuration).await?;
         let state = State::from_secret(&secret);
         let held = webhooks.held();
         self.serve(&state, &held);
+        if !acting {
+            return Ok(Some(i64::MAX));
+        }
 
         let now = now();
         let facts = self.facts(&state, &held, now);

@@ -98,6 +98,7 @@ pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
             ..Limits::default()
         },
         policy,
+        lease: None,
     }
 }
 

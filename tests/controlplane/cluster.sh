@@ -33,8 +33,8 @@
 # etcd, kube-apiserver, kube-controller-manager.
 #
 # Each apiserver writes an audit log (logs/<name>.audit.log, Metadata level, for
-# pods, secrets, namespaces and events): tests read who asked for what, and the
-# guard's auditAnnotations.
+# pods, secrets, namespaces, events and leases outside kube-system and
+# kube-node-lease): tests read who asked for what, and the guard's auditAnnotations.
 #
 # Everything lives under <repo>/target/controlplane/: bin/, pki/, logs/, run/
 # (pid files, ports and mode), etcd/ or etcd-0..2/ (data), kubeconfig (admin,
@@ -465,7 +465,8 @@ launch_apiserver() { # launch_apiserver NAME
 		--audit-log-maxsize=200 --audit-log-maxbackup=1
 }
 
-# The audit policy: what the guard and the tests do, not the controllers' leases.
+# The audit policy: what the guard and the tests do, with the guard's lease but not
+# the control plane's own (the apiservers' identities, the nodes' heartbeats).
 audit_policy() {
 	local policy="$cp_dir/audit-policy.yaml"
 	cat >"$policy" <<EOF
@@ -473,10 +474,15 @@ apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+- level: None
+  namespaces: [kube-system, kube-node-lease]
+  resources:
+  - {group: coordination.k8s.io, resources: [leases]}
 - level: Metadata
   resources:
   - {group: "", resources: [pods, secrets, namespaces, events]}
   - {group: events.k8s.io, resources: [events]}
+  - {group: coordination.k8s.io, resources: [leases]}
 - level: None
 EOF
 	echo "$policy"

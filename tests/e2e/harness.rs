@@ -313,6 +313,19 @@ impl Guard {
         self.dir.join("webhooks.yaml")
     }
 
+    /// Where the guard serves its probes and `/metrics` (plain HTTP).
+    pub fn probe_addr(&self) -> SocketAddr {
+        self.probes
+    }
+
+    /// Stops the guard process as Kubernetes does (SIGTERM), and waits until it has exited.
+    pub fn terminate(&self) {
+        if let Some(mut child) = self.process.lock().unwrap().take() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
+    }
+
     /// Stops the guard process (SIGKILL: an outage, not a shutdown).
     pub fn kill(&self) {
         if let Some(mut child) = self.process.lock().unwrap().take() {

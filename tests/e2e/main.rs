@@ -611,8 +611,17 @@ fn namespaced_install_holds_no_cluster_wide_secret_right() {
             );
         }
     }
-    let role = rest.iter().find(|o| o["kind"] == "Role").unwrap();
-    assert_eq!(role["metadata"]["namespace"], "cds");
+    let role = |name: &str| {
+        rest.iter()
+            .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no Role {name}"))
+    };
+    assert_eq!(role("cds-secret-guard")["metadata"]["namespace"], "cds");
+    // And the Lease's, in the guard's own namespace.
+    assert_eq!(
+        role("cds-secret-guard-lease")["metadata"]["namespace"],
+        "cds-secret-guard"
+    );
     let deployment = rest.iter().find(|o| o["kind"] == "Deployment").unwrap();
     let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
         .as_array()
