@@ -357,3 +357,22 @@ pub async fn refused_by_the_guard(ns: &TestNamespace, secret: &str) -> Box<kube:
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The CAs the secret webhook trusts (their PEM bodies).
+pub fn held_cas(name: &str) -> std::collections::BTreeSet<String> {
+    let webhook = kubectl_json(&["get", "validatingwebhookconfiguration", name]);
+    let encoded = webhook["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap_or_default();
+    let pem = String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).unwrap())
+        .unwrap();
+    pem.split("-----END CERTIFICATE-----")
+        .map(|block| {
+            block
+                .replace("-----BEGIN CERTIFICATE-----", "")
+                .split_whitespace()
+                .collect::<String>()
+        })
+        .filter(|body| !body.is_empty())
+        .collect()
+}

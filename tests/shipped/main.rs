@@ -18,7 +18,7 @@ use std::time::Duration;
 use harness::{TestNamespace, apiserver_audit, kubectl};
 use install::{
     IMAGE, Kustomized, Release, VERSION, audit_lines, default_service_account, docker, eventually, guard_logs,
-    guard_pods, kubectl_json, run, stdout,
+    guard_pods, held_cas, kubectl_json, run, stdout,
 };
 use serde_json::json;
 
@@ -216,25 +216,6 @@ fn webhook_calls() -> (f64, f64) {
     (calls, failed)
 }
 
-/// The CAs the secret webhook trusts (their PEM bodies).
-fn held_cas(name: &str) -> std::collections::BTreeSet<String> {
-    let webhook = kubectl_json(&["get", "validatingwebhookconfiguration", name]);
-    let encoded = webhook["webhooks"][0]["clientConfig"]["caBundle"]
-        .as_str()
-        .unwrap_or_default();
-    let pem = String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).unwrap())
-        .unwrap();
-    pem.split("-----END CERTIFICATE-----")
-        .map(|block| {
-            block
-                .replace("-----BEGIN CERTIFICATE-----", "")
-                .split_whitespace()
-                .collect::<String>()
-        })
-        .filter(|body| !body.is_empty())
-        .collect()
-}
-
 /// The chart installed with its certificates compressed to seconds (a CA of 45 s, leaves
 /// of 15 s), renewed by the guard while the hatchery's race runs: CA rotations and leaf renewals on
 /// both replicas, and not one failed webhook call (the apiserver's metrics), no lost
@@ -308,8 +289,10 @@ async fn scale_guard(release: &Release, replicas: usize) {
         &format!("--replicas={replicas}"),
     ]));
     if replicas == 0 {
-        eventually("no guard pod left", Duration::from_secs(60), || {
-            release.pods().is_empty().then_some(())
+        // Terminating replicas still answer while they drain: wait until none is left.
+        eventually("no guard pod left", Duration::from_secs(90), || {
+            let pods = kubectl_json(&["-n", release.namespace, "get", "pods", "-l", install::GUARD_PODS]);
+            pods["items"].as_array().is_some_and(Vec::is_empty).then_some(())
         })
         .await;
     } else {
