@@ -1,8 +1,9 @@
 //! Operating the guard on the node, as shipped (the image, the chart), each step while a
 //! hatchery spawns workers beside a stale cleanup and reaps them when they are done:
 //! a rolling upgrade, a replica killed with SIGKILL, a drain's evictions against the
-//! PodDisruptionBudget, and the memory limit under 10,000 watched worker pods and the
-//! admission port's abuse. No step may lose a secret; each prints its figures.
+//! PodDisruptionBudget, the memory limit under 10,000 watched worker pods and the
+//! admission port's abuse, and certificates renewed in minutes through a SIGKILL and an
+//! upgrade. No step may lose a secret; each prints its figures.
 //!
 //! Long: not in `make test` (`test = false`); `make soak` runs it.
 #![allow(clippy::unwrap_used)]
@@ -27,8 +28,8 @@ use common::{attack, young_delete};
 use futures::StreamExt;
 use harness::{TestNamespace, kubectl};
 use install::{
-    GUARD_PODS, Release, VERSION, default_service_account, eventually, guard_logs, guard_pods, kubectl_json, run,
-    stdout,
+    GUARD_PODS, Release, VERSION, default_service_account, eventually, guard_logs, guard_pods, held_cas, kubectl_json,
+    run, stdout,
 };
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -511,8 +512,9 @@ async fn memory_under_the_limit(client: kube::Client) {
     );
 
     let server_name = format!("cds-secret-guard.{GUARD_NAMESPACE}.svc");
+    // The bundle the guard keeps beside its certificates (the chart's default source).
     let tls: Secret = Api::namespaced(client, GUARD_NAMESPACE)
-        .get("cds-secret-guard-tls")
+        .get("cds-secret-guard-certificate")
         .await
         .unwrap();
     let ca = tls.data.unwrap()["ca.crt"].0.clone();
@@ -550,6 +552,182 @@ async fn memory_under_the_limit(client: kube::Client) {
     );
 }
 
+/// What the sampler saw of the guard's certificates: every CA the secret webhook held,
+/// every leaf the state Secret held, and the next CA waiting in it now.
+#[derive(Debug, Default)]
+struct Rotations {
+    cas: BTreeSet<String>,
+    leaves: BTreeSet<String>,
+    next: Option<String>,
+}
+
+/// Samples the webhook's bundle and the state Secret every 500 ms (a leaf lives 20 s
+/// before its renewal, a next CA waits 5 s) until `stop`.
+fn sample_rotations(release: &Release, stop: tokio_util::sync::CancellationToken) -> Arc<Mutex<Rotations>> {
+    let seen = Arc::new(Mutex::new(Rotations::default()));
+    let (name, namespace) = (release.name, release.namespace);
+    let state = format!("{name}-certificate");
+    tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            while !stop.is_cancelled() {
+                let state = state.clone();
+                let (cas, secret) = tokio::task::spawn_blocking(move || {
+                    (
+                        held_cas(name),
+                        kubectl_json(&["-n", namespace, "get", "secret", &state]),
+                    )
+                })
+                .await
+                .unwrap();
+                let key = |key: &str| secret["data"][key].as_str().map(str::to_owned);
+                {
+                    let mut seen = seen.lock().unwrap();
+                    seen.cas.extend(cas);
+                    seen.leaves.extend(key("tls.crt"));
+                    seen.next = key("next-ca.crt");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+    seen
+}
+
+/// Waits for a CA rotation under way (a next CA in the bundle, not yet signing) other
+/// than `not`, and returns that next CA.
+async fn next_ca(seen: &Arc<Mutex<Rotations>>, not: Option<&str>) -> String {
+    eventually("a CA rotation under way", Duration::from_secs(120), || {
+        seen.lock()
+            .unwrap()
+            .next
+            .clone()
+            .filter(|next| Some(next.as_str()) != not)
+    })
+    .await
+}
+
+/// The apiserver's log from `offset` on: its lines about the guard's webhooks that name
+/// a certificate error (an apiserver that does not trust the served leaf).
+fn certificate_errors_since(offset: u64) -> Vec<String> {
+    use std::io::{Read, Seek};
+    let mut log = std::fs::File::open(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/controlplane/logs/kube-apiserver.log"),
+    )
+    .unwrap();
+    log.seek(std::io::SeekFrom::Start(offset)).unwrap();
+    let mut text = String::new();
+    log.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|line| line.contains("cds-secret-guard.io") && (line.contains("x509") || line.contains("tls:")))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn apiserver_log_length() -> u64 {
+    std::fs::metadata(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/controlplane/logs/kube-apiserver.log"),
+    )
+    .unwrap()
+    .len()
+}
+
+/// The guard's certificates compressed to a CA of 90 s and leaves of 30 s, renewed by
+/// the chart's two replicas while workers spawn. Undisturbed first, for two CA rotations
+/// and their leaves: not one webhook call fails (the apiserver's metrics). Then the Lease
+/// holder (the replica that renews) is SIGKILLed while a next CA waits in the bundle, and
+/// a `helm upgrade` that shortens the leaves rolls both replicas during the rotation
+/// after: no call fails during the upgrade, those failing around the kill are the
+/// connections the dead replica held (never a certificate the apiserver refused), and no
+/// secret is lost.
+async fn certificates_rotate_through_disruptions(release: &Release) {
+    let compressed = ["certificate.guard.caValidity=90s", "certificate.guard.leafValidity=30s"];
+    tokio::task::block_in_place(|| release.upgrade_with(VERSION, &compressed));
+    let ns = TestNamespace::new("soak-rotation").await;
+    default_service_account(&ns.name).await;
+    let log_offset = apiserver_log_length();
+    let calls = WebhookCalls::now();
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let seen = sample_rotations(release, sampling.clone());
+    let spawns = seed::Spawns {
+        workers: 360,
+        every: Duration::from_secs(1),
+        list_lag: Duration::from_millis(300),
+    };
+    let running = seed::start(&ns, &spawns, true);
+
+    // A rotation every 60 s (the soak's 5-year CA is replaced at once, being longer than
+    // the new validity): two of them complete from the first next CA to the third.
+    let first = next_ca(&seen, None).await;
+    let second = next_ca(&seen, Some(&first)).await;
+    let third = next_ca(&seen, Some(&second)).await;
+    let undisturbed = calls.since();
+    let (cas, leaves) = {
+        let seen = seen.lock().unwrap();
+        (seen.cas.len(), seen.leaves.len())
+    };
+    println!("rotation, undisturbed: {undisturbed:?} webhook calls; {cas} CAs and {leaves} leaves seen");
+    assert_eq!(undisturbed.failed, 0.0, "webhook calls failed during the rotations");
+    assert!(cas >= 4, "the soak's CA and three more: {cas}");
+    assert!(leaves >= 6, "leaves seen: {leaves}");
+
+    // The third rotation under way: kill the replica that renews.
+    let killing = WebhookCalls::now();
+    let holder = kubectl_json(&["-n", release.namespace, "get", "lease", release.name])["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pod = kubectl_json(&["-n", release.namespace, "get", "pod", &holder]);
+    let container = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_owned();
+    let socket =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/controlplane/node/containerd/containerd.sock");
+    run(std::process::Command::new("ctr")
+        .arg("--address")
+        .arg(&socket)
+        .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &container]));
+    both_replicas_ready().await;
+
+    // The next rotation: an upgrade that shortens the leaves rolls both replicas.
+    next_ca(&seen, Some(&third)).await;
+    let killed = killing.since();
+    println!(
+        "rotation: the Lease holder {holder} SIGKILLed during a rotation: {killed:?} webhook calls until the next"
+    );
+    let leaves_before = seen.lock().unwrap().leaves.len();
+    let upgrading = WebhookCalls::now();
+    let started = Instant::now();
+    let shorter = ["certificate.guard.caValidity=90s", "certificate.guard.leafValidity=24s"];
+    tokio::task::block_in_place(|| release.upgrade_with(VERSION, &shorter));
+    println!(
+        "rotation: helm upgrade (leaves 30s -> 24s) during a rotation took {:?}",
+        started.elapsed()
+    );
+
+    let outcome = running.finish(&ns).await;
+    sampling.cancel();
+    let upgraded = upgrading.since();
+    let (cas, leaves) = {
+        let seen = seen.lock().unwrap();
+        (seen.cas.len(), seen.leaves.len())
+    };
+    println!(
+        "rotation: {upgraded:?} webhook calls from the upgrade to the load's end; {cas} CAs and {leaves} leaves seen in all"
+    );
+    assert_nothing_lost("rotation", &outcome);
+    assert_eq!(
+        upgraded.failed, 0.0,
+        "webhook calls failed during and after the upgrade"
+    );
+    let refused = certificate_errors_since(log_offset);
+    assert!(refused.is_empty(), "the apiserver refused a certificate: {refused:#?}");
+    assert!(leaves > leaves_before, "no leaf signed after the upgrade");
+    both_replicas_ready().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn operating_the_guard_on_the_node_loses_no_secret() {
     install::node();
@@ -564,4 +742,5 @@ async fn operating_the_guard_on_the_node_loses_no_secret() {
     sigkill_one_replica().await;
     memory_under_the_limit(harness::client().await).await;
     evictions_respect_the_budget(harness::client().await).await;
+    certificates_rotate_through_disruptions(&release).await;
 }
