@@ -5,7 +5,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, LeaseConfig, Limits, Mode, PolicyConfig};
+use crate::{
+    config::{Config, Limits, Mode, PolicyConfig},
+    lease::LeaseConfig,
+};
 
 /// The name the binary answers to as a kubectl plugin (`kubectl cds-guard check`).
 pub const KUBECTL_PLUGIN: &str = "kubectl-cds_guard";

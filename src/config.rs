@@ -31,23 +31,7 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// The Lease that elects the one replica doing the adoption work; without one, every
     /// replica does it.
-    pub lease: Option<LeaseConfig>,
-}
-
-/// The Lease that elects the replica doing the adoption work, and its timing (as
-/// kube-controller-manager's `--leader-elect-*` flags, whose defaults it shares).
-#[derive(Debug, Clone)]
-pub struct LeaseConfig {
-    /// The Lease's name, in the namespace of the guard's kube client (its own, in a pod).
-    pub name: String,
-    /// This replica's name in the Lease's `holderIdentity`.
-    pub identity: String,
-    /// How long the other replicas wait, after the Lease last changed, before they take it.
-    pub duration: Duration,
-    /// How long the holder keeps acting without a successful renewal before it steps down.
-    pub renew_deadline: Duration,
-    /// How often every replica reads (or the holder renews) the Lease.
-    pub retry_period: Duration,
+    pub lease: Option<crate::lease::LeaseConfig>,
 }
 
 /// What any client of the admission port may hold at once. Memory under abuse is bounded
@@ -130,38 +114,7 @@ impl Default for Limits {
 impl Config {
     /// Checks what the flags cannot check one by one.
     pub fn validate(&self) -> crate::Result<()> {
-        self.lease.as_ref().map_or(Ok(()), LeaseConfig::validate)
-    }
-}
-
-// === impl LeaseConfig ===
-
-impl LeaseConfig {
-    /// The Lease holds its duration in whole seconds; a holder must step down before anyone
-    /// may take over, and try to renew more than once before it does.
-    pub fn validate(&self) -> crate::Result<()> {
-        let usage = |message: String| Err(crate::Error::Usage(message));
-        if self.name.is_empty() || self.identity.is_empty() {
-            return usage("--lease and --lease-identity cannot be empty".to_owned());
-        }
-        if self.duration.subsec_nanos() != 0
-            || self.duration.as_secs() == 0
-            || self.duration.as_secs() > i32::MAX as u64
-        {
-            return usage(format!(
-                "--lease-duration must be a whole number of seconds, at least 1s: {:?}",
-                self.duration
-            ));
-        }
-        if !(self.retry_period < self.renew_deadline && self.renew_deadline < self.duration)
-            || self.retry_period.is_zero()
-        {
-            return usage(format!(
-                "the lease needs 0 < --lease-retry-period ({:?}) < --lease-renew-deadline ({:?}) < --lease-duration ({:?})",
-                self.retry_period, self.renew_deadline, self.duration
-            ));
-        }
-        Ok(())
+        self.lease.as_ref().map_or(Ok(()), crate::lease::LeaseConfig::validate)
     }
 }
 
