@@ -223,6 +223,20 @@ fn webhook_calls() -> (f64, f64) {
 async fn certificates_rotate_under_load() {
     let values = ["certificate.guard.caValidity=45s", "certificate.guard.leafValidity=15s"];
     let release = &Release::install_with(VERSION, &values);
+    // Counting starts once the previous release's replicas are gone: while they drain they
+    // still serve the old CA's leaf, and kube-proxy sends calls to such terminating
+    // endpoints until the new ones are in its rules. Then a delete the new replicas refuse.
+    eventually("the previous release's replicas gone", Duration::from_secs(90), || {
+        let pods = kubectl_json(&["-n", release.namespace, "get", "pods", "-l", install::GUARD_PODS]);
+        let pods = pods["items"].as_array().cloned().unwrap_or_default();
+        pods.iter()
+            .all(|pod| pod["metadata"]["deletionTimestamp"].is_null())
+            .then_some(())
+    })
+    .await;
+    let probe = TestNamespace::new("rotation-probe").await;
+    probe.worker_secret("probe").await;
+    install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
     let (calls_before, failed_before) = webhook_calls();
     let cas_seen = std::sync::Arc::new(std::sync::Mutex::new(held_cas(release.name)));
     let sampling = tokio_util::sync::CancellationToken::new();
