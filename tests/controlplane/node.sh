@@ -306,6 +306,24 @@ node_healthy() { # node_healthy NAME
 node_node_ready() {
 	"$bin/kubectl" --kubeconfig "$kubeconfig" wait node "$node_name" --for=condition=Ready --timeout=5s
 }
+# The kubelet registers the node with the not-ready taint; the node-lifecycle controller
+# lifts it once Ready, and adds others on pressure or a lost heartbeat. Pods schedule only
+# once no NoSchedule/NoExecute taint is left.
+node_taints() {
+	"$bin/kubectl" --kubeconfig "$kubeconfig" get node "$node_name" \
+		-o jsonpath='{range .spec.taints[*]}{.key}:{.effect} {end}'
+}
+node_schedulable() {
+	local taints
+	taints="$(node_taints)" || return 1
+	[[ ! "$taints" =~ No(Schedule|Execute) ]]
+}
+node_report() { # what keeps pods off the node: its taints and conditions
+	log "node $node_name taints: $(node_taints 2>&1)"
+	"$bin/kubectl" --kubeconfig "$kubeconfig" get node "$node_name" \
+		-o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}: {.message}){"\n"}{end}' >&2 || true
+	df -h "$node_dir" >&2 || true
+}
 
 node_up() {
 	node_install
@@ -327,6 +345,10 @@ node_up() {
 		fi
 	done
 	wait_for kubelet "node $node_name Ready" node_node_ready
+	if ! (wait_for kubelet "node $node_name without NoSchedule taints" node_schedulable); then
+		node_report
+		die "node $node_name is Ready but pods cannot schedule on it"
+	fi
 	log "node $node_name ready: pods on $pod_cidr (bridge $node_bridge), images $pause_image, $busybox_image"
 }
 

@@ -97,14 +97,32 @@ pub fn kubectl_json(args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-/// Polls `check` every 200 ms until it returns `Some`, or fails after `within`.
+/// The nodes' taints and conditions: what a pod left Pending needs explained.
+pub fn nodes_state() -> String {
+    let jsonpath = r#"jsonpath={range .items[*]}{.metadata.name} taints: {.spec.taints}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}{end}"#;
+    match kubectl().args(["get", "nodes", "-o", jsonpath]).output() {
+        Ok(output) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(e) => format!("kubectl get nodes: {e}"),
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, or fails after `within`
+/// with the nodes' taints and conditions, which say why pods did not run.
 pub async fn eventually<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + within;
     loop {
         if let Some(value) = check() {
             return value;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {within:?}; nodes:\n{}",
+            nodes_state()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -274,11 +274,12 @@ impl Load {
                     })
                     .collect();
                 panic!(
-                    "workers neither completed nor stuck after 180 s: {} completed, {} without config, of {}; the others:\n{}",
+                    "workers neither completed nor stuck after 180 s: {} completed, {} without config, of {}; the others:\n{}\nnodes:\n{}",
                     outcome.completed.len(),
                     outcome.config_errors.len(),
                     self.workers.len(),
-                    others.join("\n")
+                    others.join("\n"),
+                    crate::install::nodes_state()
                 );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
