@@ -10,12 +10,15 @@ use crate::{
     lease::LeaseConfig,
 };
 
+/// `--version`: the release and the commit it was built from (build.rs).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CDS_GUARD_COMMIT"), ")");
+
 /// The name the binary answers to as a kubectl plugin (`kubectl cds-guard check`).
 pub const KUBECTL_PLUGIN: &str = "kubectl-cds_guard";
 
 /// Keeps CDS worker secrets alive while their pods need them.
 #[derive(Debug, Parser)]
-#[command(name = "cds-secret-guard", version, about)]
+#[command(name = "cds-secret-guard", version = VERSION, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -469,6 +472,20 @@ mod tests {
     fn flags_are_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_version_names_the_commit_built() {
+        use clap::CommandFactory;
+        let head = std::process::Command::new("git")
+            .args(["rev-parse", "--short=12", "HEAD"])
+            .output()
+            .unwrap();
+        let head = String::from_utf8(head.stdout).unwrap();
+        assert_eq!(
+            Cli::command().render_version(),
+            format!("cds-secret-guard {} (commit {})\n", env!("CARGO_PKG_VERSION"), head.trim())
+        );
     }
 
     #[test]

@@ -180,7 +180,10 @@ impl Default for Metrics {
             "1 while this replica does the adoption work (it holds the lease, or runs without one), else 0",
             leader.clone(),
         );
-        let build = Info::new(vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]);
+        let build = Info::new(vec![
+            ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+            ("commit".to_owned(), env!("CDS_GUARD_COMMIT").to_owned()),
+        ]);
         registry.register("build", "Build information", build);
         Self {
             registry,
