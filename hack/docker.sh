@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# A Docker engine for this repository's scripts: Debian's docker.io, installed on first
-# use, started with its own socket and a data root in the machine-wide cache (so base
-# images and build layers outlive a clone), stopped again by whoever started it.
+# A Docker engine for this repository's scripts. An engine already on the host is used as
+# it is: DOCKER_HOST's, or the one on the default socket. Without one, Debian's docker.io
+# is installed on first use and started with its own socket and a data root in the
+# machine-wide cache (so base images and build layers outlive a clone), and stopped again
+# by whoever started it.
 #
-#   hack/docker.sh ARGS...    start the engine if it is not running, run `docker ARGS...`,
-#                             stop the engine again if this call started it
+#   hack/docker.sh ARGS...    start the engine if none runs, run `docker ARGS...`, stop
+#                             the engine again if this call started it
 #   hack/docker.sh start|stop|status
 #
 # Sourced (`. hack/docker.sh`), it defines docker_start, docker_stop and dk (the docker
-# CLI on this engine) and does nothing else.
+# CLI on the engine) and does nothing else.
 #
-# The engine runs without iptables or a bridge: builds and containers use the host's
-# network (`--network=host`), and nothing is given a route off the machine. Debian's
-# /usr/bin/docker is used, not a newer CLI elsewhere on the PATH: that one lacks buildx
-# and falls back to the classic builder, which has no cache mounts.
+# The private engine runs without iptables or a bridge: builds and containers use the
+# host's network (`--network=host`), and nothing is given a route off the machine. The
+# builds need BuildKit (the Dockerfile's cache mounts): Debian's /usr/bin/docker is
+# preferred to another CLI on the PATH, which may lack buildx and fall back to the
+# classic builder.
 #
-# Env: CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard) holds the data root.
+# Env: DOCKER_HOST (an engine of your own), CDS_GUARD_CACHE (default
+# ~/.cache/cds-secret-guard) holds the private engine's data root.
 
 docker_cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/docker"
 docker_run_dir=/run/cds-secret-guard/docker
 docker_sock="$docker_run_dir/docker.sock"
 docker_cli=/usr/bin/docker
+[[ -x "$docker_cli" ]] || docker_cli="$(command -v docker || echo /usr/bin/docker)"
 
 docker_log() { echo "docker.sh: $*" >&2; }
 
@@ -33,12 +38,24 @@ docker_install() {
 		docker.io debootstrap >/dev/null
 }
 
-dk() { DOCKER_HOST="unix://$docker_sock" DOCKER_BUILDKIT=1 "$docker_cli" "$@"; }
+# The host's engine: DOCKER_HOST's, or the default socket's; empty when none answers.
+docker_host_engine="${DOCKER_HOST:-}"
+if [[ -z "$docker_host_engine" && -S /var/run/docker.sock ]] &&
+	DOCKER_HOST=unix:///var/run/docker.sock "$docker_cli" version >/dev/null 2>&1; then
+	docker_host_engine=unix:///var/run/docker.sock
+fi
+
+dk() { DOCKER_HOST="${docker_host_engine:-unix://$docker_sock}" DOCKER_BUILDKIT=1 "$docker_cli" "$@"; }
 
 docker_running() { dk version >/dev/null 2>&1; }
 
-# Starts the engine unless it runs; returns 0 if this call started it, 1 if it was running.
+# Starts the private engine unless an engine runs; returns 0 if this call started it, 1 if
+# one was running (the host's or the private one).
 docker_start() {
+	if [[ -n "$docker_host_engine" ]]; then
+		docker_running || { docker_log "ERROR: no engine answers at $docker_host_engine"; exit 1; }
+		return 1
+	fi
 	docker_install
 	if docker_running; then return 1; fi
 	mkdir -p "$docker_cache" "$docker_run_dir"
@@ -77,7 +94,7 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
 	case "${1:-}" in
 	start) docker_start || docker_log "already running" ;;
 	stop) docker_stop ;;
-	status) if docker_running; then echo "running: unix://$docker_sock"; else echo "not running"; exit 1; fi ;;
+	status) if docker_running; then echo "running: ${docker_host_engine:-unix://$docker_sock}"; else echo "not running"; exit 1; fi ;;
 	"") echo "usage: $0 start|stop|status|DOCKER_ARGS..." >&2; exit 2 ;;
 	*)
 		started=0

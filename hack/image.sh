@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# `make image`: builds the repository's Dockerfile with a real engine (hack/docker.sh) and
-# tags it cds-secret-guard:<version> (Cargo.toml's) and cds-secret-guard:dev.
+# `make image`: builds the repository's Dockerfile with a Docker engine (hack/docker.sh: the
+# host's, or a private one) and tags it cds-secret-guard:<version> (Cargo.toml's) and
+# cds-secret-guard:dev.
 #
-# The Dockerfile is the one users build, unchanged: its FROM lines name public images.
-# No registry is reachable from this machine, so before the build this script makes local
-# stand-ins under those exact names when they are missing (the engine then never pulls):
+#   hack/image.sh [DIR]   DIR: another checkout (an earlier commit's, for the upgrade
+#                         tests), built from its own Dockerfile and tagged with its
+#                         version only
+#
+# The Dockerfile is the one users build, unchanged. Its base images are build arguments
+# (BUILD_IMAGE, RUNTIME_IMAGE, from RUST_VERSION); set them in the environment to build
+# from a mirror. Each base is used as the engine has it, else pulled; only when no registry
+# answers does this script make a local stand-in under that exact name, and it says so:
 #   rust:<X.Y>-bookworm                     Debian bookworm (debootstrap, minbase) with gcc
 #                                           and make, the host's CA bundle (cargo reaches
 #                                           crates.io through the host's network), and the
@@ -14,6 +20,10 @@
 #                                           bundle, passwd with nonroot (65532); no shell
 # Each stand-in is labelled io.cds-secret-guard.stand-in=<hash of its recipe> and rebuilt
 # when the recipe changes. The Dockerfile's own steps then run as they do anywhere.
+#
+# Env: BUILD_IMAGE, RUNTIME_IMAGE, RUST_VERSION (the Dockerfile's arguments);
+# DEBIAN_MIRROR (the stand-ins' Debian archive; default: the host's apt sources' bookworm
+# archive, else deb.debian.org); CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,7 +31,10 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$repo/hack/docker.sh"
 cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/image"
 name=cds-secret-guard
-version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml" | head -n1)"
+context="$(cd "${1:-$repo}" && pwd)"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$context/Cargo.toml" | head -n1)"
+tags=(-t "$name:$version")
+[[ "$context" != "$repo" ]] || tags+=(-t "$name:dev")
 t0=$(date +%s)
 
 log() { echo "image.sh: $*" >&2; }
@@ -30,8 +43,44 @@ die() {
 	exit 1
 }
 
-# The FROM images of the Dockerfile, in order.
-from_images() { sed -n 's/^FROM[[:space:]]\+\([^[:space:]]\+\).*/\1/p' "$repo/Dockerfile"; }
+# dockerfile_arg NAME: the default the Dockerfile gives the build argument NAME.
+dockerfile_arg() { sed -n "s/^ARG $1=\(.*\)$/\1/p" "$context/Dockerfile" | head -n1; }
+# The build arguments: the environment's, else the Dockerfile's defaults (BUILD_IMAGE's
+# names RUST_VERSION). An earlier Dockerfile may name its images literally.
+build_args=()
+for arg in RUST_VERSION BUILD_IMAGE RUNTIME_IMAGE; do
+	value="${!arg:-$(dockerfile_arg "$arg")}"
+	value="${value//\$\{RUST_VERSION\}/${RUST_VERSION:-}}"
+	declare "$arg=$value"
+	[[ -z "$value" ]] || build_args+=(--build-arg "$arg=$value")
+done
+# base_images: the FROM images, with the build arguments substituted.
+base_images() {
+	local image arg
+	sed -n 's/^FROM[[:space:]]\+\([^[:space:]]\+\).*/\1/p' "$context/Dockerfile" | while read -r image; do
+		for arg in RUST_VERSION BUILD_IMAGE RUNTIME_IMAGE; do image="${image//\$\{$arg\}/${!arg}}"; done
+		echo "$image"
+	done
+}
+
+# The Debian archive of the host's apt sources that serves bookworm (deb822 .sources files
+# or one-line .list files).
+host_debian_mirror() {
+	local file
+	for file in /etc/apt/sources.list.d/*.sources; do
+		[[ -f "$file" ]] || continue
+		awk 'BEGIN { RS = ""; FS = "\n" }
+			/(^|\n)Suites:[^\n]*[[:space:]]bookworm([[:space:]]|$)/ && !/(^|\n)Enabled:[[:space:]]*no/ {
+				for (i = 1; i <= NF; i++) if ($i ~ /^URIs:/) { split($i, uri, /[[:space:]]+/); print uri[2]; exit }
+			}' "$file"
+	done
+	for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[[ -f "$file" ]] || continue
+		sed -e 's/\[[^]]*\]//' "$file" | awk '$1 == "deb" && $3 == "bookworm" { print $2 }'
+	done
+}
+debian_mirror="${DEBIAN_MIRROR:-$(host_debian_mirror | grep -v security | head -n1)}"
+debian_mirror="${debian_mirror:-http://deb.debian.org/debian}"
 
 # A Debian bookworm minbase rootfs with what both stand-ins take from it, as a tarball
 # in the cache (debootstrap takes about a minute; it is made once).
@@ -40,12 +89,12 @@ bookworm_rootfs() {
 	local tarball="$cache/bookworm-${bookworm_packages//,/-}.tar"
 	if [[ ! -s "$tarball" ]]; then
 		command -v debootstrap >/dev/null || docker_install
-		log "debootstrap bookworm (minbase + $bookworm_packages)"
+		log "debootstrap bookworm from $debian_mirror (minbase + $bookworm_packages)"
 		local dir="$cache/bookworm.tmp.$$"
 		rm -rf "$dir"
 		mkdir -p "$dir"
 		debootstrap --variant=minbase --include="$bookworm_packages" bookworm "$dir" \
-			http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 ||
+			"$debian_mirror" >"$cache/debootstrap.log" 2>&1 ||
 			{ tail -n 20 "$cache/debootstrap.log" >&2; die "debootstrap failed; see $cache/debootstrap.log"; }
 		rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
 		tar -C "$dir" --numeric-owner -cf "$tarball.tmp" .
@@ -62,12 +111,12 @@ stand_in_current() { [[ "$(stand_in_label "$1")" == "$2" ]]; }
 # rust:X.Y-bookworm from the bookworm rootfs and the host's toolchain.
 make_rust_stand_in() {
 	local image=$1 want sysroot have hash dir
-	want="${image#rust:}"
+	want="${image##*rust:}"
 	want="${want%-bookworm}"
 	sysroot="$(rustc --print sysroot)"
 	have="$(rustc --version | awk '{print $2}')"
 	[[ "$have" == "$want" || "$have" == "$want".* ]] ||
-		die "the Dockerfile builds with $image, but the host's rustc is $have: no stand-in can be made"
+		die "no registry serves $image, and the host's rustc is $have: no stand-in can be made (RUST_VERSION=${have%.*} builds with the host's)"
 	hash="$(printf '%s|%s|%s|%s\n' "$bookworm_packages" "$have" "$(declare -f make_rust_stand_in)" \
 		"$(sha256sum </etc/ssl/certs/ca-certificates.crt)" | sha256sum | cut -c1-16)"
 	stand_in_current "$image" "$hash" && return 0
@@ -152,22 +201,33 @@ if docker_start; then started=1; fi
 stop_engine() { if ((started)); then docker_stop; fi; }
 trap stop_engine EXIT
 
-for image in $(from_images); do
+for image in $(base_images); do
 	# A real image under that name (pulled or loaded by someone) is used as it is.
 	if dk image inspect "$image" >/dev/null 2>&1 && [[ -z "$(stand_in_label "$image")" ]]; then continue; fi
+	if timeout 120 "$docker_cli" --host "${docker_host_engine:-unix://$docker_sock}" pull -q "$image" >/dev/null 2>"$cache/pull.log"; then
+		log "pulled $image"
+		continue
+	fi
+	log "no registry answers for $image ($(tail -n1 "$cache/pull.log")): making a local stand-in"
 	case "$image" in
-	rust:*-bookworm) make_rust_stand_in "$image" ;;
-	gcr.io/distroless/cc-debian12:nonroot) make_distroless_stand_in "$image" ;;
+	*rust:*-bookworm) make_rust_stand_in "$image" ;;
+	*distroless/cc-debian12:nonroot) make_distroless_stand_in "$image" ;;
 	*) die "the Dockerfile needs $image, which is not here and cannot be pulled" ;;
 	esac
 done
 
-log "building $name:$version"
+# The commit --version names: the checkout's HEAD, or GIT_COMMIT for a tree without one.
+commit="${GIT_COMMIT:-unknown}"
+if [[ "$(git -C "$context" rev-parse --show-toplevel 2>/dev/null)" == "$context" ]]; then
+	commit="$(git -C "$context" rev-parse --short=12 HEAD)"
+fi
+log "building $name:$version (commit $commit) of $context from $(base_images | paste -sd' ')"
 t=$(date +%s)
 # --network=host: the build's cargo reaches crates.io through the host's network.
-dk build --network=host --progress=plain -t "$name:$version" -t "$name:dev" "$repo" >"$cache/build.log" 2>&1 ||
+dk build --network=host --progress=plain "${build_args[@]}" --build-arg "GIT_COMMIT=$commit" \
+	"${tags[@]}" "$context" >"$cache/build.log" 2>&1 ||
 	{ tail -n 40 "$cache/build.log" >&2; die "docker build failed; see $cache/build.log"; }
 log "built in $(($(date +%s) - t))s (log: $cache/build.log)"
 size="$(dk image inspect -f '{{.Size}}' "$name:$version")"
-log "$name:$version and $name:dev: $((size / 1024 / 1024)) MiB ($size bytes), user $(dk image inspect -f '{{.Config.User}}' "$name:$version")"
+log "$(printf '%s ' "${tags[@]}" | sed 's/-t //g'): $((size / 1024 / 1024)) MiB ($size bytes), user $(dk image inspect -f '{{.Config.User}}' "$name:$version")"
 log "done in $(($(date +%s) - t0))s"
