@@ -562,6 +562,11 @@ fn value_sets() -> Vec<(&'static str, Value)> {
                                   "prometheusRule": {"enabled": true, "labels": {"release": "prometheus"}}}}),
         ),
         (
+            "host network",
+            json!({"hostNetwork": true, "ports": {"webhook": 9443, "probes": 9080},
+                   "networkPolicy": {"enabled": true, "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}}),
+        ),
+        (
             "everything else",
             json!({"replicas": 3, "mode": "warn", "gracePeriod": "15m", "exemptions": {"groups": ["cds-admins"]},
                    "webhooks": {"validating": {"failurePolicy": "Ignore", "timeoutSeconds": 3}, "mutating": {"timeoutSeconds": 4}},
@@ -570,6 +575,26 @@ fn value_sets() -> Vec<(&'static str, Value)> {
                    "image": {"repository": "registry.example/cds-secret-guard", "tag": "1.2.3"}}),
         ),
     ]
+}
+
+/// Cargo.toml's version is the release's: the chart's version and appVersion (the image
+/// tag it defaults to), the kustomize base's image, and a CHANGELOG entry.
+#[test]
+fn the_release_version_is_cargos_everywhere() {
+    let version = env!("CARGO_PKG_VERSION");
+    let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap();
+    let chart: Value = serde_saphyr::from_str(&read("manifests/helm/cds-secret-guard/Chart.yaml")).unwrap();
+    assert_eq!(chart["version"], version);
+    assert_eq!(chart["appVersion"], version);
+    let base: Value = serde_saphyr::from_str(&read("manifests/base/deployment.yaml")).unwrap();
+    assert_eq!(
+        base["spec"]["template"]["spec"]["containers"][0]["image"],
+        format!("cds-secret-guard:{version}")
+    );
+    assert!(
+        read("CHANGELOG.md").lines().any(|line| line.starts_with(&format!("## [{version}] - "))),
+        "CHANGELOG.md has no entry for {version}"
+    );
 }
 
 #[test]
@@ -638,6 +663,41 @@ fn every_value_set_renders_what_it_says() {
                     assert!(bundle(kind).is_null(), "{name}: the guard keeps the caBundle");
                 }
                 assert!(of_kind(&objects, "Certificate").is_empty());
+                // Pod networking, reached on the usual ports, no policy of its own.
+                let pod = &deployment["spec"]["template"]["spec"];
+                assert!(pod["hostNetwork"].is_null() && deployment["spec"]["strategy"].is_null());
+                assert_eq!(env_value(&env, "CDS_GUARD_LISTEN"), Some("0.0.0.0:8443"));
+                assert_eq!(env_value(&env, "CDS_GUARD_PROBE_LISTEN"), Some("0.0.0.0:8080"));
+                assert!(of_kind(&objects, "NetworkPolicy").is_empty());
+            }
+            "host network" => {
+                let pod = &deployment["spec"]["template"]["spec"];
+                assert_eq!(pod["hostNetwork"], true);
+                assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+                // Two replicas never want one node's port at once.
+                assert_eq!(
+                    deployment["spec"]["strategy"]["rollingUpdate"],
+                    json!({"maxSurge": 0, "maxUnavailable": 1})
+                );
+                assert_eq!(env_value(&env, "CDS_GUARD_LISTEN"), Some("0.0.0.0:9443"));
+                assert_eq!(env_value(&env, "CDS_GUARD_PROBE_LISTEN"), Some("0.0.0.0:9080"));
+                assert_eq!(
+                    pod["containers"][0]["ports"],
+                    json!([{"name": "webhook", "containerPort": 9443}, {"name": "probes", "containerPort": 9080}])
+                );
+                // The Service still answers on 443, to the port by name.
+                let service = find(&objects, "Service", fullname);
+                assert_eq!(service["spec"]["ports"][0], json!({"name": "webhook", "port": 443, "targetPort": "webhook"}));
+                let policy = find(&objects, "NetworkPolicy", fullname);
+                assert_eq!(
+                    policy["spec"]["podSelector"]["matchLabels"],
+                    deployment["spec"]["selector"]["matchLabels"]
+                );
+                assert_eq!(
+                    policy["spec"]["ingress"],
+                    json!([{"ports": [{"protocol": "TCP", "port": 9443}, {"protocol": "TCP", "port": 9080}],
+                            "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}])
+                );
             }
             "generated certificate" => {
                 let secret = find(&objects, "Secret", "guard-cds-secret-guard-tls");
