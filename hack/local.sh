@@ -10,6 +10,9 @@
 #                             bound to manifests/base/rbac.yaml (its token lasts 24 h)
 #   hack/local.sh down        the webhooks first (they fail closed), then the guard and
 #                             the control plane
+#   hack/local.sh clear       what holds the chart's names outside a release: the e2e
+#                             suites' shipped role, an `up --host` guard's (both `up`s
+#                             start with it)
 #
 # Host mode: certificates in certs/ (git-ignored), the rest in target/local/ (guard.log,
 # guard.pid, webhooks.yaml, guard.kubeconfig). Env: CDS_GUARD_GRACE_PERIOD (default 10m
@@ -46,6 +49,22 @@ stop_host_guard() {
 	rm -f "$state/guard.pid"
 }
 
+# The e2e suites run the guard as its shipped role under the chart's own names (namespace
+# and service account cds-secret-guard), and so does `up --host`: Helm refuses to adopt
+# those objects. Without a release, they and their webhooks go; a release is left alone.
+clear_unreleased() {
+	if [[ -x "$helm" ]] && "$helm" status cds-secret-guard -n cds-secret-guard >/dev/null 2>&1; then
+		return 0
+	fi
+	kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard \
+		--ignore-not-found >/dev/null
+	kubectl -n cds-secret-guard delete --ignore-not-found --wait -f "$repo/manifests/base/rbac.yaml" >/dev/null
+	# tests/e2e_renewal.rs applies the chart's renewal rights (and removes them itself).
+	kubectl delete --ignore-not-found --wait clusterrolebinding/cds-secret-guard-check \
+		clusterrolebinding/cds-secret-guard-webhooks clusterrole/cds-secret-guard-webhooks \
+		namespace/cds-secret-guard >/dev/null
+}
+
 # The real thing: node, image, chart.
 up() {
 	local t0=$SECONDS
@@ -53,6 +72,7 @@ up() {
 	eval "$("$cluster" env)"
 	stop_host_guard
 	"$repo/tests/tools/build.sh" >/dev/null
+	clear_unreleased
 	"$repo/hack/image.sh"
 	"$cluster" image-load "cds-secret-guard:$version"
 	log "installing the chart (image cds-secret-guard:$version, two replicas)"
@@ -90,6 +110,10 @@ up_host() {
 	"$cluster" up
 	eval "$("$cluster" env)"
 	stop_host_guard
+	# A chart-installed guard holds the names this one takes.
+	if [[ -x "$helm" ]]; then
+		"$helm" uninstall cds-secret-guard -n cds-secret-guard --ignore-not-found --wait >/dev/null
+	fi
 	"$guard" certs --out "$certs" --host 127.0.0.1 --host localhost >/dev/null
 	# The guard runs as its service account, with the shipped role and nothing more.
 	kubectl create namespace cds-secret-guard --dry-run=client -o yaml | kubectl apply -f - >/dev/null
@@ -145,6 +169,10 @@ case "${1:-} ${2:-}" in
 "up ") up ;;
 "up --host") up_host ;;
 "down ") down ;;
+"clear ")
+	eval "$("$cluster" env)"
+	clear_unreleased
+	;;
 *)
 	echo "usage: $0 up [--host] | down" >&2
 	exit 2

@@ -75,21 +75,9 @@ pub fn node() {
 
 /// The e2e suites run the guard on the host as its shipped role: they leave the base's
 /// RBAC (applied with kubectl) and the `check` account behind, which a user's cluster
-/// would not have and which Helm refuses to adopt.
+/// would not have and which Helm refuses to adopt. `make run` clears them the same way.
 fn clear_e2e_leftovers() {
-    run(kubectl()
-        .args(["-n", "cds-secret-guard", "delete", "--ignore-not-found", "--wait", "-f"])
-        .arg(repo().join("manifests/base/rbac.yaml")));
-    run(kubectl().args([
-        "delete",
-        "--ignore-not-found",
-        "--wait",
-        "clusterrolebinding/cds-secret-guard-check",
-        // tests/e2e_renewal.rs applies the chart's renewal rights (it removes them too).
-        "clusterrolebinding/cds-secret-guard-webhooks",
-        "clusterrole/cds-secret-guard-webhooks",
-        "namespace/cds-secret-guard",
-    ]));
+    run(Command::new(repo().join("hack/local.sh")).arg("clear"));
 }
 
 pub fn kubectl_json(args: &[&str]) -> Value {
