@@ -41,6 +41,10 @@ soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGK
 image: ## Build the image from the Dockerfile with a local engine: cds-secret-guard:<version> and :dev
 	hack/image.sh
 
+.PHONY: release
+release: ## Push the image and the chart to REGISTRY=host:port (REGISTRY/cds-secret-guard:<version>, oci://REGISTRY/charts/cds-secret-guard); hack/release.sh says which logins and CA it takes
+	REGISTRY=$(REGISTRY) hack/release.sh
+
 .PHONY: bench
 bench: ## Benchmarks (docs/benchmarks.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
 	hack/bench.sh
@@ -82,7 +86,7 @@ fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); 
 	done
 
 .PHONY: tools
-tools: ## Build helm, promtool and toxiproxy (cached) into target/tools/bin
+tools: ## Build helm, promtool, toxiproxy, the test registry and crane (cached) into target/tools/bin
 	tests/tools/build.sh
 
 .PHONY: dashboard

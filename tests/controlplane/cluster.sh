@@ -17,6 +17,9 @@
 #                          an image of the local Docker engine (hack/docker.sh) onto
 #                          the node (containerd's k8s.io namespace)
 #   cluster.sh env         eval "$(tests/controlplane/cluster.sh env)"
+#   cluster.sh registry    the node's registry, as shell assignments: REGISTRY (host:port),
+#                          REGISTRY_CA (its CA file), REGISTRY_USER, REGISTRY_PASSWORD,
+#                          DOCKER_CONFIG (a directory whose config.json logs crane in)
 #   cluster.sh status      what runs
 #   cluster.sh selftest    pods, secrets, GC and namespace deletion work
 #   cluster.sh sa-kubeconfig NAMESPACE SA OUT
@@ -66,7 +69,7 @@ timeout="${CDS_CP_TIMEOUT:-120}"
 etcd_members_ha=3
 # Every component either mode starts, in start order; `down` goes in reverse.
 all_components=(etcd etcd-0 etcd-1 etcd-2 kube-apiserver kube-apiserver-a kube-apiserver-b kube-controller-manager
-	containerd kube-proxy kubelet kube-scheduler)
+	containerd registry kube-proxy kubelet kube-scheduler)
 
 # shellcheck source=tests/controlplane/node.sh
 source "$here/node.sh"
@@ -177,6 +180,7 @@ binary_of() { # the executable's path
 	etcd-*) echo "$bin/etcd" ;;
 	kube-apiserver-*) echo "$bin/kube-apiserver" ;;
 	containerd) command -v containerd ;; # Debian's
+	registry) echo "$repo/target/tools/bin/registry" ;;
 	*) echo "$bin/$1" ;;
 	esac
 }
@@ -912,11 +916,12 @@ up)
 	;;
 down) cmd_down ;;
 env) cmd_env ;;
+registry) node_registry_env ;;
 status) cmd_status ;;
 selftest) cmd_selftest ;;
 stop | kill | start | restart) cmd_fault "$1" "${2:-}" ;;
 *)
-	echo "usage: $0 up [--ha|--node] | down | image-load NAME:TAG | env | status | selftest | sa-kubeconfig NAMESPACE SA OUT | stop|kill|start|restart COMPONENT" >&2
+	echo "usage: $0 up [--ha|--node] | down | image-load NAME:TAG | env | registry | status | selftest | sa-kubeconfig NAMESPACE SA OUT | stop|kill|start|restart COMPONENT" >&2
 	exit 2
 	;;
 esac

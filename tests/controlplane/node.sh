@@ -11,6 +11,9 @@
 #     same Kubernetes release as the control plane;
 #   two local images in containerd's k8s.io namespace: the sandbox ("pause", a static C
 #     program built here) and local/busybox (Debian's busybox-static), for plain pods;
+#   a registry at 10.244.0.1:5443 (tests/tools/registry: TLS from the cluster's CA,
+#     basic authentication): containerd trusts its CA and pulls with the credentials
+#     of a pod's imagePullSecrets, as production nodes pull (`cluster.sh registry`);
 #   the control plane's node flags: the apiserver listens on every address and
 #     advertises the bridge's (pods reach it at the `kubernetes` Service through
 #     kube-proxy) and calls kubelets with a client certificate; the ServiceAccount
@@ -36,7 +39,10 @@ busybox_image=local/busybox:1.35.0
 # The kernel settings the kubelet changes when it starts (vm.overcommit_memory,
 # kernel.panic, kernel.panic_on_oops): saved by `up --node`, put back by `down`.
 node_sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
-node_components=(containerd kubelet kube-proxy kube-scheduler)
+node_components=(containerd registry kubelet kube-proxy kube-scheduler)
+registry_addr="$node_ip:5443"
+registry_dir="$node_dir/registry"
+registry_user=cds-guard
 
 node_enabled() { [[ "${node:-0}" == 1 ]]; }
 
@@ -64,12 +70,12 @@ node_pki() {
 		cd "$pki"
 		ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
 		client_ext="$(printf '%s\n' "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=clientAuth")"
-		# sign NAME SUBJECT, once
+		# sign NAME SUBJECT [EXTENSIONS], once; a client certificate by default
 		sign() {
 			[[ -f "$1.crt" ]] && return 0
 			openssl req -new "${ec[@]}" -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
 			openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
-				-days 3650 -out "$1.crt" -extfile <(printf '%s\n' "$client_ext") 2>/dev/null
+				-days 3650 -out "$1.crt" -extfile <(printf '%s\n' "${3:-$client_ext}") 2>/dev/null
 			rm -f "$1.csr"
 			chmod 600 "$1.key"
 		}
@@ -78,6 +84,10 @@ node_pki() {
 		sign kube-proxy "/CN=system:kube-proxy"
 		# The apiserver's client certificate for kubelets (logs, exec).
 		sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+		# The registry's serving certificate, for the node's address.
+		sign registry "/CN=cds-guard-registry" "$(printf '%s\n' \
+			"keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" \
+			"subjectAltName=IP:$node_ip")"
 	)
 }
 
@@ -178,6 +188,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "docker.io/$pause_image"
+  # Per-registry trust: certs.d/<host:port>/hosts.toml (the node's registry).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$node_dir/containerd/certs.d"
   # Root here lacks CAP_SYS_RESOURCE: without this, runc fails to create any sandbox.
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -192,6 +205,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = "$node_dir/cni/net.d"
     max_conf_num = 1
 EOF
+	mkdir -p "$node_dir/containerd/certs.d/$registry_addr" "$registry_dir"
+	printf '%s\n' "server = \"https://$registry_addr\"" "[host.\"https://$registry_addr\"]" \
+		'  capabilities = ["pull", "resolve"]' "  ca = \"$pki/ca.crt\"" \
+		>"$node_dir/containerd/certs.d/$registry_addr/hosts.toml"
+	# The registry's one account; pulls carry it from a pod's imagePullSecrets, pushes
+	# (crane, helm) from the docker-config file beside it.
+	if [[ ! -s "$registry_dir/credentials" ]]; then
+		(umask 077 && echo "$registry_user:$(openssl rand -hex 16)" >"$registry_dir/credentials")
+		(umask 077 && printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$registry_addr" \
+			"$(tr -d '\n' <"$registry_dir/credentials" | base64 -w0)" >"$registry_dir/config.json")
+	fi
 	# No ipMasq, no default route: a pod reaches the host (the apiserver through the
 	# kubernetes Service) and other pods, nothing beyond the machine.
 	cat >"$node_dir/cni/net.d/10-cds-guard.conflist" <<EOF
@@ -285,6 +309,10 @@ node_launch() { # node_launch NAME
 			--kubeconfig="$node_dir/kubelet/kubeconfig" --root-dir="$node_dir/kubelet/root" \
 			--cert-dir="$node_dir/kubelet/pki" --hostname-override="$node_name" --node-ip="$node_ip"
 		;;
+	registry)
+		start registry -address="$registry_addr" -tls-cert="$pki/registry.crt" -tls-key="$pki/registry.key" \
+			-credentials="$registry_dir/credentials"
+		;;
 	kube-scheduler)
 		start kube-scheduler --kubeconfig="$node_dir/kube-scheduler.kubeconfig" \
 			--authentication-kubeconfig="$node_dir/kube-scheduler.kubeconfig" \
@@ -297,10 +325,23 @@ node_launch() { # node_launch NAME
 node_healthy() { # node_healthy NAME
 	case "$1" in
 	containerd) wait_for containerd "its socket" ctr --address "$containerd_sock" version ;;
+	registry) wait_for registry "/v2/ with its credentials" registry_answers ;;
 	kube-proxy) wait_for kube-proxy "/healthz" curl -fsS http://127.0.0.1:10256/healthz ;;
 	kubelet) wait_for kubelet "/healthz" curl -fsS http://127.0.0.1:10248/healthz ;;
 	kube-scheduler) sleep 1; pid_of kube-scheduler >/dev/null || die "kube-scheduler exited; see $logs/kube-scheduler.log" ;;
 	esac
+}
+
+node_registry_env() {
+	[[ -s "$registry_dir/credentials" ]] || die "no registry: run \`$0 up --node\` first"
+	local credentials
+	credentials="$(<"$registry_dir/credentials")"
+	printf 'REGISTRY=%q\nREGISTRY_CA=%q\nREGISTRY_USER=%q\nREGISTRY_PASSWORD=%q\nDOCKER_CONFIG=%q\n' \
+		"$registry_addr" "$pki/ca.crt" "${credentials%%:*}" "${credentials#*:}" "$registry_dir"
+}
+
+registry_answers() {
+	curl -fsS --cacert "$pki/ca.crt" -u "$(<"$registry_dir/credentials")" "https://$registry_addr/v2/"
 }
 
 node_node_ready() {
@@ -327,6 +368,8 @@ node_report() { # what keeps pods off the node: its taints and conditions
 
 node_up() {
 	node_install
+	# The registry is one of tests/tools' binaries (cached: a link when built before).
+	[[ -x "$repo/target/tools/bin/registry" ]] || "$repo/tests/tools/build.sh" >&2
 	mkdir -p "$node_dir"
 	node_pki
 	node_configs
@@ -381,7 +424,7 @@ node_down() {
 		for id in $(ctr_k8s tasks ls -q 2>/dev/null); do ctr_k8s tasks delete -f "$id" >/dev/null 2>&1 || true; done
 		for id in $(ctr_k8s containers ls -q 2>/dev/null); do ctr_k8s containers delete "$id" >/dev/null 2>&1 || true; done
 	fi
-	stop containerd
+	stop registry containerd
 	# Shims of this containerd that outlived it.
 	pkill -KILL -f "containerd-shim-runc-v2 .*-address $containerd_sock" 2>/dev/null || true
 	# Mounts under the node's directories (volumes, rootfs, shm), deepest first.

@@ -11,6 +11,7 @@
 #[path = "../e2e/harness.rs"]
 mod harness;
 mod install;
+mod release;
 mod seed;
 
 use std::time::Duration;
@@ -27,10 +28,12 @@ use serde_json::json;
 #[test]
 fn the_image_runs_the_binary_as_non_root() {
     install::image();
+    // The image names the commit it was built from, though its build never sees .git.
+    let head = stdout(&run(std::process::Command::new("git").args(["rev-parse", "--short=12", "HEAD"])));
     for tag in [VERSION, "dev"] {
         let image = format!("{IMAGE}:{tag}");
         let version = run(docker().args(["run", "--rm", "--read-only", "--network=none", &image, "--version"]));
-        assert_eq!(stdout(&version), format!("cds-secret-guard {VERSION}"), "{image}");
+        assert_eq!(stdout(&version), format!("cds-secret-guard {VERSION} (commit {head})"), "{image}");
         let user = run(docker().args(["image", "inspect", "-f", "{{.Config.User}}", &image]));
         assert_eq!(stdout(&user), "65532:65532", "{image} runs as nonroot");
         let shell = docker()
@@ -196,6 +199,13 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
 
     // The same guard from the kustomize manifests.
     kustomize_install_decides_from_its_pods().await;
+
+    make_run_installs_over_what_the_suites_leave().await;
+
+    the_host_network_variant_serves_from_the_node().await;
+
+    // From the registry, as an operator installs it, and upgraded from the last release.
+    release::released_chart_upgrades_and_rolls_back_under_load().await;
 }
 
 /// Calls to the guard's webhooks, and failed ones, from the apiserver's own metrics.
@@ -411,4 +421,92 @@ async fn kustomize_install_decides_from_its_pods() {
     )
     .await;
     drop(installed);
+}
+
+/// `make run` after an end-to-end suite: the suites run the guard as its shipped role under
+/// the chart's names, which Helm refuses to adopt ("exists and cannot be imported into the
+/// current release"); `make run` installs all the same, and its guard decides.
+async fn make_run_installs_over_what_the_suites_leave() {
+    // What harness::guard_kubeconfig leaves behind.
+    let _ = kubectl().args(["create", "namespace", "cds-secret-guard"]).output();
+    run(kubectl()
+        .args(["-n", "cds-secret-guard", "apply", "-f"])
+        .arg(harness::repo().join("manifests/base/rbac.yaml")));
+    let account = kubectl_json(&["-n", "cds-secret-guard", "get", "serviceaccount", "cds-secret-guard"]);
+    assert!(
+        account["metadata"]["annotations"]["meta.helm.sh/release-name"].is_null(),
+        "the leftover is no release's: {account}"
+    );
+
+    run(std::process::Command::new("make")
+        .arg("run")
+        .current_dir(harness::repo()));
+    // Uninstalled when dropped.
+    let release = Release {
+        name: "cds-secret-guard",
+        namespace: "cds-secret-guard",
+    };
+    let pods = release.pods();
+    assert!(
+        pods.len() == 2 && pods.iter().all(|(_, _, ready)| *ready),
+        "make run's replicas: {pods:?}"
+    );
+    let account = kubectl_json(&["-n", "cds-secret-guard", "get", "serviceaccount", "cds-secret-guard"]);
+    assert_eq!(account["metadata"]["annotations"]["meta.helm.sh/release-name"], "cds-secret-guard");
+    let probe = TestNamespace::new("make-run-probe").await;
+    probe.worker_secret("probe").await;
+    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
+    assert!(
+        refusal.message.contains("cannot be deleted within 10m of creation"),
+        "{}",
+        refusal.message
+    );
+}
+
+/// `hostNetwork: true` on its own ports: the replica serves from the node's address (for
+/// CNIs the control plane cannot reach), and the apiserver still calls it through the
+/// Service.
+async fn the_host_network_variant_serves_from_the_node() {
+    let release = Release::install_with(
+        VERSION,
+        &["hostNetwork=true", "replicas=1", "ports.webhook=9443", "ports.probes=9080"],
+    );
+    let pods = kubectl_json(&["-n", release.namespace, "get", "pods", "-l", install::GUARD_PODS]);
+    let pods: Vec<&serde_json::Value> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    assert_eq!(pods.len(), 1, "one replica");
+    let pod = pods[0];
+    assert_eq!(pod["spec"]["hostNetwork"], true);
+    assert_eq!(
+        pod["status"]["podIP"], pod["status"]["hostIP"],
+        "the replica has the node's address"
+    );
+    let slices = kubectl_json(&[
+        "-n",
+        release.namespace,
+        "get",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=cds-secret-guard",
+    ]);
+    let ports: Vec<i64> = slices["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|slice| slice["ports"].as_array().cloned().unwrap_or_default())
+        .filter_map(|port| port["port"].as_i64())
+        .collect();
+    assert!(ports.contains(&9443), "the Service sends to the node's port 9443: {ports:?}");
+    let probe = TestNamespace::new("host-network-probe").await;
+    probe.worker_secret("probe").await;
+    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
+    assert!(
+        refusal.message.contains("cannot be deleted within 10m of creation"),
+        "{}",
+        refusal.message
+    );
 }

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the tools the tests run, from the Go module proxy: helm (the chart's
 # lint, template and install tests; pinned in helm/go.mod), promtool (checks and
-# unit-tests the alerting rules; pinned in promtool/go.mod) and toxiproxy (the
+# unit-tests the alerting rules; pinned in promtool/go.mod), toxiproxy (the
 # fault-injecting TCP proxy of tests/e2e_lagging_watch.rs; pinned in
-# toxiproxy/go.mod), and puts them in <repo>/target/tools/bin/.
+# toxiproxy/go.mod), and the shipped suite's registry (registry/main.go, on
+# go-containerregistry) with crane, which pushes to it (pinned in registry/go.mod),
+# and puts them in <repo>/target/tools/bin/.
 #
-#   tests/tools/build.sh              helm, promtool and toxiproxy (`make test`, `make tools`)
+#   tests/tools/build.sh              helm, promtool, toxiproxy, registry and crane
+#                                     (`make test`, `make tools`)
 #   tests/tools/build.sh prometheus   the Prometheus server only (`make dashboard`),
 #                                     from the same module and version as promtool
 #                                     (pinned in prometheus/go.mod; the script fails
@@ -75,7 +78,7 @@ build_flags=(-trimpath)
 # Builds each PACKAGE, from the module in tests/tools/MODULE, as BINARY with LDFLAGS
 # and TAGS (either may be empty), into $cache_root/tools/PREFIX<key>/bin, and links
 # the binaries into $out. The key hashes each MODULE's go.mod and go.sum (once, in
-# order), then the non-empty LDFLAGS and TAGS joined by "|", build_flags, CGO_ENABLED
+# order, with the module's own .go files if it has any), then the non-empty LDFLAGS and TAGS joined by "|", build_flags, CGO_ENABLED
 # and the Go version: the flags a build uses always enter its key.
 cached_go_build() {
 	local prefix="$1" i module
@@ -91,7 +94,9 @@ cached_go_build() {
 		module="${builds[i + 1]}"
 		if [[ -z "${seen[$module]:-}" ]]; then
 			seen[$module]=1
+			# A module of ours (registry/main.go) enters the key with its sources.
 			files+=("$here/$module/go.mod" "$here/$module/go.sum")
+			files+=($(find "$here/$module" -maxdepth 1 -name '*.go' | sort))
 		fi
 		if [[ -n "${builds[i + 3]}" ]]; then flags+=("${builds[i + 3]}"); fi
 		if [[ -n "${builds[i + 4]}" ]]; then flags+=("${builds[i + 4]}"); fi
@@ -144,4 +149,7 @@ cached_go_build "" \
 	promtool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_ldflags" "$promtool_tags"
 cached_go_build toxiproxy- \
 	toxiproxy toxiproxy github.com/Shopify/toxiproxy/v2/cmd/server "$toxiproxy_ldflags" ""
+cached_go_build registry- \
+	registry registry . "-s -w" "" \
+	crane registry github.com/google/go-containerregistry/cmd/crane "-s -w" ""
 echo "build.sh: $out ready ($(($(date +%s) - t0))s)"
