@@ -2,8 +2,9 @@
 //! hatchery spawns workers beside a stale cleanup and reaps them when they are done:
 //! a rolling upgrade, a replica killed with SIGKILL, a drain's evictions against the
 //! PodDisruptionBudget, the memory limit under 10,000 watched worker pods and the
-//! admission port's abuse, and certificates renewed in minutes through a SIGKILL and an
-//! upgrade. No step may lose a secret; each prints its figures.
+//! admission port's abuse, certificates renewed in minutes through a SIGKILL and an
+//! upgrade, and the same counts biting on a renewal in Gatekeeper's order. No step may
+//! lose a secret; each prints its figures.
 //!
 //! Long: not in `make test` (`test = false`); `make soak` runs it.
 #![allow(clippy::unwrap_used)]
@@ -728,6 +729,45 @@ async fn certificates_rotate_through_disruptions(release: &Release) {
     both_replicas_ready().await;
 }
 
+/// The renewal `certificate.source: generate` leaves to the operator (docs/operations.md:
+/// delete the certificate's secret, `helm upgrade`) replaces the CA and the serving
+/// certificate in one apply: Gatekeeper's order. The apiserver trusts the new CA at once;
+/// the replicas serve the old certificate until the kubelet updates their mounted files.
+/// The same load and the same counts as the guard's own renewal see those calls fail.
+async fn renewing_by_hand_replaces_ca_and_leaf_together(release: &Release) {
+    let generate = ["certificate.source=generate"];
+    tokio::task::block_in_place(|| release.upgrade_with(VERSION, &generate));
+    both_replicas_ready().await;
+    let ns = TestNamespace::new("soak-by-hand").await;
+    default_service_account(&ns.name).await;
+    let spawns = seed::Spawns {
+        workers: 150,
+        every: Duration::from_secs(1),
+        list_lag: Duration::from_millis(300),
+    };
+    let running = seed::start(&ns, &spawns, true);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let log_offset = apiserver_log_length();
+    let calls = WebhookCalls::now();
+    let secret = format!("secret/{}-tls", release.name);
+    run(kubectl().args(["-n", release.namespace, "delete", &secret]));
+    tokio::task::block_in_place(|| release.upgrade_with(VERSION, &generate));
+    let outcome = running.finish(&ns).await;
+    let during = calls.since();
+    let refused = certificate_errors_since(log_offset);
+    let window = refused
+        .first()
+        .zip(refused.last())
+        .map(|(first, last)| format!("{} to {}", &first[6..21], &last[6..21]));
+    println!(
+        "by hand: {during:?} webhook calls after the CA and the leaf were replaced together; {} certificate errors in the apiserver's log ({window:?})",
+        refused.len()
+    );
+    assert_nothing_lost("by hand", &outcome);
+    assert!(during.failed > 0.0, "the counts miss the broken order's failures");
+    assert!(!refused.is_empty(), "no certificate error in the apiserver's log");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn operating_the_guard_on_the_node_loses_no_secret() {
     install::node();
@@ -743,4 +783,5 @@ async fn operating_the_guard_on_the_node_loses_no_secret() {
     memory_under_the_limit(harness::client().await).await;
     evictions_respect_the_budget(harness::client().await).await;
     certificates_rotate_through_disruptions(&release).await;
+    renewing_by_hand_replaces_ca_and_leaf_together(&release).await;
 }
