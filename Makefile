@@ -42,7 +42,7 @@ image: ## Build the image from the Dockerfile with a local engine: cds-secret-gu
 	hack/image.sh
 
 .PHONY: bench
-bench: ## Benchmarks (docs/benchmarks.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
+bench: ## Benchmarks (docs/design/benchmarks.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
 	hack/bench.sh
 
 .PHONY: fmt
