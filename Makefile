@@ -46,7 +46,7 @@ release: ## Push the image and the chart to REGISTRY=host:port (REGISTRY/cds-sec
 	REGISTRY=$(REGISTRY) hack/release.sh
 
 .PHONY: bench
-bench: ## Benchmarks (docs/benchmarks.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
+bench: ## Benchmarks (docs/design/benchmarks.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler
 	hack/bench.sh
 
 .PHONY: fmt

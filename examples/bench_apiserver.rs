@@ -1,5 +1,5 @@
 //! The guard on the apiserver's path, on the local control plane (`make bench` starts one
-//! of its own; see docs/benchmarks.md):
+//! of its own; see docs/design/benchmarks.md):
 //!
 //! 1. **Secret DELETEs** (`dryRun=All`, so nothing changes) loaded by `oha` as admin
 //!    (client certificate from `target/controlplane/pki/`), with and without the guard

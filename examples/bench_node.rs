@@ -1,4 +1,4 @@
-//! What a worker feels on the node (`make bench`, part `node`; see docs/benchmarks.md):
+//! What a worker feels on the node (`make bench`, part `node`; see docs/design/benchmarks.md):
 //! CDS-shaped workers spawned as the hatchery spawns them (the secret, then the pod that
 //! reads it through `secretKeyRef`), run by the kubelet of `cluster.sh up --node`, with the
 //! guard installed from the chart (the image of `make image`) and without any guard,

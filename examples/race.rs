@@ -3,7 +3,7 @@
 //! optional faults during the guarded runs. Prints a table; exits 1 when a guarded run
 //! lost a secret or left an orphan, or when an unguarded run lost nothing (then the
 //! harness proved nothing). `make race` runs it (`make race CDS_CP_HA=1` on the HA
-//! control plane); see docs/race.md.
+//! control plane); see docs/design/race.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[path = "../tests/e2e/harness.rs"]

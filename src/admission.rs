@@ -7,7 +7,7 @@
 //! the request's `options`, the user's `extra`, an object's managed fields, a secret's
 //! data. Decoding through kube's owned types (every string copied, `options` built as a
 //! JSON value, a secret buffered whole by `PartialObjectMeta`'s flattened type fields) was
-//! most of a review's time in-process ([benchmarks](../docs/benchmarks.md)).
+//! most of a review's time in-process ([benchmarks](../docs/design/benchmarks.md)).
 
 use std::{borrow::Cow, fmt, marker::PhantomData, ops::Deref};
 

@@ -36,7 +36,7 @@ use crate::{
 /// a LIST by the memory it may load: without a limit, a LIST of pods in a cluster with
 /// thousands of them costs 10 seats however few it returns, and under load the guard's
 /// own LISTs, waiting for the watch cache, filled its priority level and starved its
-/// GETs and PATCHes (docs/benchmarks.md). A page of 10 pods costs one seat; a worker has one
+/// GETs and PATCHes (docs/design/benchmarks.md). A page of 10 pods costs one seat; a worker has one
 /// pod, rarely more.
 const LABEL_PAGE: u32 = 10;
 

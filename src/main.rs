@@ -10,7 +10,7 @@ use cds_secret_guard::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// jemalloc, by measurement (docs/benchmarks.md): against glibc's allocator, side by side, 6 to
+/// jemalloc, by measurement (docs/design/benchmarks.md): against glibc's allocator, side by side, 6 to
 /// 16 % less CPU per admission request over TLS, and 33 MiB resident against 38 with 10,000
 /// worker pods watched (mimalloc saved CPU too, but held more memory than glibc).
 #[global_allocator]

@@ -237,9 +237,9 @@ fn check_no_system_cycle(cleanup: Cleanup) {
 
 #[test]
 fn without_the_guard_the_cleanup_loses_secrets() {
-    // CDS alone, no adversary: the race of the original report, then the same after
-    // upstream's fix (a list older than the cleanup's grace period), then another hatchery
-    // in the namespace (its secrets are listed, its pods are not).
+    // CDS alone, no adversary: the race between the pod list and the secret list, then the
+    // same after upstream's fix (a list older than the cleanup's grace period), then another
+    // hatchery in the namespace (its secrets are listed, its pods are not).
     let honest = Bounds {
         adversary_pods: 0,
         ..short()

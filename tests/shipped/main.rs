@@ -357,7 +357,7 @@ async fn let_through(ns: &TestNamespace, secret: &str) {
     }
 }
 
-/// docs/operations.md, "When every replica is down", step by step: both ways out let a
+/// docs/emergency.md, "When every replica is down", step by step: both ways out let a
 /// protected delete through, and back to normal the guard decides again (with a webhook
 /// configuration recreated by Helm, the guard writes its caBundle back).
 async fn the_way_out_when_every_replica_is_down(release: &Release, values: &[&str]) {
