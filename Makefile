@@ -32,7 +32,7 @@ compat: ## The suites `make test` runs on the control plane, then the node and t
 	hack/compat.sh $(COMPAT_VERSIONS)
 
 .PHONY: soak
-soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGKILLed, evictions against the PDB, memory with 10,000 pods and abuse, certificate rotations through a SIGKILL and an upgrade
+soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGKILLed, evictions against the PDB, memory with 10,000 pods and abuse, certificate rotations through a SIGKILL and an upgrade, then a renewal in Gatekeeper's order (by hand) that the same counts catch
 	tests/controlplane/cluster.sh up --node
 	tests/tools/build.sh
 	cargo test --locked --test soak -- --nocapture

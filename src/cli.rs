@@ -484,7 +484,11 @@ mod tests {
         let head = String::from_utf8(head.stdout).unwrap();
         assert_eq!(
             Cli::command().render_version(),
-            format!("cds-secret-guard {} (commit {})\n", env!("CARGO_PKG_VERSION"), head.trim())
+            format!(
+                "cds-secret-guard {} (commit {})\n",
+                env!("CARGO_PKG_VERSION"),
+                head.trim()
+            )
         );
     }
 

@@ -381,3 +381,132 @@ fn anchors_are_githubs() {
         BTreeSet::from(["twice".to_owned(), "twice-1".to_owned()])
     );
 }
+
+/// The rows of the first Markdown table after `heading` in `page`: its cells, trimmed.
+fn table_after(page: &str, heading: &str) -> Vec<Vec<String>> {
+    let text = fs::read_to_string(repo().join(page)).unwrap();
+    let start = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("{page} has no {heading:?}"));
+    text[start..]
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .skip(2) // the header and its rule
+        .map(|line| {
+            line.trim_matches('|')
+                .split(" | ")
+                .map(|cell| cell.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// The `code spans` of a table cell.
+fn spans(cell: &str) -> Vec<String> {
+    split_inline_code(cell).1
+}
+
+/// docs/configuration.md's table of `serve` is the binary's: every flag with its variable
+/// and its default, and no other.
+#[test]
+fn the_serve_flags_documented_are_the_binarys() {
+    use clap::CommandFactory;
+    let cli = cds_secret_guard::cli::Cli::command();
+    let serve = cli.find_subcommand("serve").unwrap();
+    let mut binary = BTreeMap::new();
+    for arg in serve.get_arguments().filter(|arg| arg.get_long().is_some()) {
+        let long = format!("--{}", arg.get_long().unwrap());
+        if long == "--help" {
+            continue;
+        }
+        let env = arg.get_env().map(|env| env.to_string_lossy().into_owned());
+        let defaults: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|value| value.to_string_lossy().into_owned())
+            .collect();
+        binary.insert(long, (env, defaults.join(",")));
+    }
+    let rows = table_after("docs/configuration.md", "## `serve`: flags and environment");
+    let mut documented = BTreeSet::new();
+    for row in &rows {
+        let flag = spans(&row[0]).into_iter().next().unwrap_or_default();
+        let (env, default) = binary
+            .get(&flag)
+            .unwrap_or_else(|| panic!("docs/configuration.md documents {flag}, which serve does not take"));
+        assert_eq!(spans(&row[1]).first(), env.as_ref(), "{flag}'s variable");
+        if !default.is_empty() {
+            assert_eq!(spans(&row[2]).first(), Some(default), "{flag}'s default");
+        }
+        documented.insert(flag);
+    }
+    let missing: Vec<&String> = binary.keys().filter(|flag| !documented.contains(*flag)).collect();
+    assert!(
+        missing.is_empty(),
+        "serve flags missing from docs/configuration.md: {missing:?}"
+    );
+}
+
+/// docs/configuration.md's table of chart values names every value of values.yaml, and
+/// only those (a documented key covers the values under it).
+#[test]
+fn the_chart_values_documented_are_values_yaml() {
+    fn leaves(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match value.as_object() {
+            Some(map) if !map.is_empty() => {
+                for (key, child) in map {
+                    let path = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    leaves(&path, child, out);
+                }
+            }
+            _ => {
+                out.insert(prefix.to_owned());
+            }
+        }
+    }
+    let values: serde_json::Value = serde_saphyr::from_str(
+        &fs::read_to_string(repo().join("manifests/helm/cds-secret-guard/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut chart = BTreeSet::new();
+    leaves("", &values, &mut chart);
+
+    let mut documented = BTreeSet::new();
+    for row in table_after("docs/configuration.md", "## Helm chart values") {
+        // `a.b.c`, `.d`: the second is a sibling of the first.
+        let mut last = String::new();
+        for key in spans(&row[0]) {
+            let key = match key.strip_prefix('.') {
+                Some(sibling) => format!("{}.{sibling}", last.rsplit_once('.').map_or("", |(parent, _)| parent)),
+                None => key,
+            };
+            last = key.clone();
+            documented.insert(key);
+        }
+    }
+    for key in &documented {
+        assert!(
+            chart
+                .iter()
+                .any(|leaf| leaf == key || leaf.starts_with(&format!("{key}."))),
+            "docs/configuration.md documents the value {key}, which values.yaml does not have"
+        );
+    }
+    let undocumented: Vec<&String> = chart
+        .iter()
+        .filter(|leaf| {
+            !documented
+                .iter()
+                .any(|key| *leaf == key || leaf.starts_with(&format!("{key}.")))
+        })
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "values.yaml values missing from docs/configuration.md: {undocumented:?}"
+    );
+}

@@ -577,6 +577,91 @@ fn value_sets() -> Vec<(&'static str, Value)> {
     ]
 }
 
+/// docs/security.md's `kubectl auth can-i --list` is what the chart's default roles grant
+/// the guard's service account: the same resources, names and verbs, line for line.
+#[test]
+fn the_rights_security_md_quotes_are_the_charts() {
+    use std::collections::{BTreeMap, BTreeSet};
+    type Rights = BTreeMap<(String, Vec<String>), BTreeSet<String>>;
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .map(|items| items.iter().map(|item| item.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default()
+    };
+    let objects = template("cds-secret-guard", "cds-secret-guard", &json!({}));
+    let mut granted = Rights::new();
+    for binding in of_kind(&objects, "ClusterRoleBinding")
+        .into_iter()
+        .chain(of_kind(&objects, "RoleBinding"))
+    {
+        let to_the_guard = binding["subjects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|subject| subject["kind"] == "ServiceAccount" && subject["name"] == "cds-secret-guard");
+        if !to_the_guard {
+            continue;
+        }
+        let role = find(
+            &objects,
+            binding["roleRef"]["kind"].as_str().unwrap(),
+            binding["roleRef"]["name"].as_str().unwrap(),
+        );
+        for rule in role["rules"].as_array().unwrap() {
+            let mut names = strings(&rule["resourceNames"]);
+            names.sort();
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    let resource = if group.is_empty() {
+                        resource
+                    } else {
+                        format!("{resource}.{group}")
+                    };
+                    granted
+                        .entry((resource, names.clone()))
+                        .or_default()
+                        .extend(strings(&rule["verbs"]));
+                }
+            }
+        }
+    }
+
+    let page = std::fs::read_to_string(repo().join("docs/security.md")).unwrap();
+    let mut quoted = Rights::new();
+    for line in page
+        .lines()
+        .skip_while(|line| !line.starts_with("$ kubectl auth can-i --list"))
+        .skip(2) // the command and the header
+        .take_while(|line| !line.starts_with("```"))
+        .filter(|line| !line.starts_with("selfsubject"))
+    {
+        let resource = line.split_whitespace().next().unwrap().to_owned();
+        let lists: Vec<Vec<String>> = line
+            .split('[')
+            .skip(1)
+            .map(|list| {
+                list.split(']')
+                    .next()
+                    .unwrap()
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect();
+        let [names, verbs] = <[Vec<String>; 2]>::try_from(lists).unwrap_or_else(|_| panic!("not a can-i line: {line}"));
+        quoted.entry((resource, names)).or_default().extend(verbs);
+    }
+    assert!(
+        quoted.len() >= 5,
+        "docs/security.md's can-i list was not read: {quoted:?}"
+    );
+    assert_eq!(
+        quoted, granted,
+        "docs/security.md quotes other rights than the chart grants"
+    );
+}
+
 /// Cargo.toml's version is the release's: the chart's version and appVersion (the image
 /// tag it defaults to), the kustomize base's image, and a CHANGELOG entry.
 #[test]
@@ -592,7 +677,9 @@ fn the_release_version_is_cargos_everywhere() {
         format!("cds-secret-guard:{version}")
     );
     assert!(
-        read("CHANGELOG.md").lines().any(|line| line.starts_with(&format!("## [{version}] - "))),
+        read("CHANGELOG.md")
+            .lines()
+            .any(|line| line.starts_with(&format!("## [{version}] - "))),
         "CHANGELOG.md has no entry for {version}"
     );
 }
@@ -687,7 +774,10 @@ fn every_value_set_renders_what_it_says() {
                 );
                 // The Service still answers on 443, to the port by name.
                 let service = find(&objects, "Service", fullname);
-                assert_eq!(service["spec"]["ports"][0], json!({"name": "webhook", "port": 443, "targetPort": "webhook"}));
+                assert_eq!(
+                    service["spec"]["ports"][0],
+                    json!({"name": "webhook", "port": 443, "targetPort": "webhook"})
+                );
                 let policy = find(&objects, "NetworkPolicy", fullname);
                 assert_eq!(
                     policy["spec"]["podSelector"]["matchLabels"],

@@ -29,11 +29,19 @@ use serde_json::json;
 fn the_image_runs_the_binary_as_non_root() {
     install::image();
     // The image names the commit it was built from, though its build never sees .git.
-    let head = stdout(&run(std::process::Command::new("git").args(["rev-parse", "--short=12", "HEAD"])));
+    let head = stdout(&run(std::process::Command::new("git").args([
+        "rev-parse",
+        "--short=12",
+        "HEAD",
+    ])));
     for tag in [VERSION, "dev"] {
         let image = format!("{IMAGE}:{tag}");
         let version = run(docker().args(["run", "--rm", "--read-only", "--network=none", &image, "--version"]));
-        assert_eq!(stdout(&version), format!("cds-secret-guard {VERSION} (commit {head})"), "{image}");
+        assert_eq!(
+            stdout(&version),
+            format!("cds-secret-guard {VERSION} (commit {head})"),
+            "{image}"
+        );
         let user = run(docker().args(["image", "inspect", "-f", "{{.Config.User}}", &image]));
         assert_eq!(stdout(&user), "65532:65532", "{image} runs as nonroot");
         let shell = docker()
@@ -452,7 +460,10 @@ async fn make_run_installs_over_what_the_suites_leave() {
         "make run's replicas: {pods:?}"
     );
     let account = kubectl_json(&["-n", "cds-secret-guard", "get", "serviceaccount", "cds-secret-guard"]);
-    assert_eq!(account["metadata"]["annotations"]["meta.helm.sh/release-name"], "cds-secret-guard");
+    assert_eq!(
+        account["metadata"]["annotations"]["meta.helm.sh/release-name"],
+        "cds-secret-guard"
+    );
     let probe = TestNamespace::new("make-run-probe").await;
     probe.worker_secret("probe").await;
     let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
@@ -469,7 +480,12 @@ async fn make_run_installs_over_what_the_suites_leave() {
 async fn the_host_network_variant_serves_from_the_node() {
     let release = Release::install_with(
         VERSION,
-        &["hostNetwork=true", "replicas=1", "ports.webhook=9443", "ports.probes=9080"],
+        &[
+            "hostNetwork=true",
+            "replicas=1",
+            "ports.webhook=9443",
+            "ports.probes=9080",
+        ],
     );
     let pods = kubectl_json(&["-n", release.namespace, "get", "pods", "-l", install::GUARD_PODS]);
     let pods: Vec<&serde_json::Value> = pods["items"]
@@ -500,7 +516,10 @@ async fn the_host_network_variant_serves_from_the_node() {
         .flat_map(|slice| slice["ports"].as_array().cloned().unwrap_or_default())
         .filter_map(|port| port["port"].as_i64())
         .collect();
-    assert!(ports.contains(&9443), "the Service sends to the node's port 9443: {ports:?}");
+    assert!(
+        ports.contains(&9443),
+        "the Service sends to the node's port 9443: {ports:?}"
+    );
     let probe = TestNamespace::new("host-network-probe").await;
     probe.worker_secret("probe").await;
     let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;

@@ -2,8 +2,8 @@
 //! node's registry (TLS, basic authentication), the chart is installed from `oci://`, and
 //! the node pulls the image with the chart's `imagePullSecrets`. The previous release,
 //! built from the commit `PREVIOUS_RELEASE` names, is upgraded to this one, rolled back and
-//! forward again under the hatchery's load; an install with a tag that does not exist
-//! leaves no webhook behind; and the hostNetwork variant serves from the node's network.
+//! forward again under the hatchery's load; and an install with a tag that does not exist
+//! leaves no webhook behind.
 
 use std::{
     path::{Path, PathBuf},
@@ -43,7 +43,11 @@ impl Registry {
             .filter_map(|line| line.split_once('='))
             .map(|(key, value)| (key.to_owned(), value.to_owned()))
             .collect();
-        let var = |key: &str| vars.get(key).cloned().unwrap_or_else(|| panic!("cluster.sh registry: no {key}"));
+        let var = |key: &str| {
+            vars.get(key)
+                .cloned()
+                .unwrap_or_else(|| panic!("cluster.sh registry: no {key}"))
+        };
         Self {
             address: var("REGISTRY"),
             ca: var("REGISTRY_CA").into(),
@@ -76,7 +80,9 @@ impl Registry {
 }
 
 fn helm_registry_config() -> PathBuf {
-    harness::repo().join("target/shipped/helm-registry.json")
+    let dir = harness::repo().join("target/shipped");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("helm-registry.json")
 }
 
 /// `helm` on the control plane, with the registry login `Registry::release` made.
@@ -95,7 +101,10 @@ fn previous_release_tree() -> PathBuf {
     let repo = harness::repo();
     let tree = repo.join("target/shipped/previous-release");
     let git = |args: &[&str]| Command::new("git").current_dir(repo).args(args).output().unwrap();
-    if !git(&["cat-file", "-e", &format!("{PREVIOUS_RELEASE}^{{commit}}")]).status.success() {
+    if !git(&["cat-file", "-e", &format!("{PREVIOUS_RELEASE}^{{commit}}")])
+        .status
+        .success()
+    {
         let fetched = git(&["fetch", "--quiet", "origin", PREVIOUS_RELEASE]);
         assert!(
             fetched.status.success(),
@@ -125,7 +134,10 @@ fn guard_images() -> Vec<(String, String)> {
         .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
         .map(|pod| {
             (
-                pod["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_owned(),
+                pod["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
                 pod["status"]["containerStatuses"][0]["imageID"]
                     .as_str()
                     .unwrap_or_default()
@@ -142,7 +154,9 @@ async fn running_from_the_registry(registry: &Registry, version: &str) {
         let images = guard_images();
         let pods = install::guard_pods(NAMESPACE);
         (!images.is_empty()
-            && images.iter().all(|(running, id)| *running == image && id.starts_with(&registry.address))
+            && images
+                .iter()
+                .all(|(running, id)| *running == image && id.starts_with(&registry.address))
             && pods.iter().all(|(_, _, ready)| *ready))
         .then_some(())
     })
@@ -291,7 +305,12 @@ pub async fn released_chart_upgrades_and_rolls_back_under_load() {
     assert_eq!(outcome.completed.len(), outcome.workers);
     let history = stdout(&run(helm().args(["history", "cds-secret-guard", "-o", "json"])));
     let history: Value = serde_json::from_str(&history).unwrap();
-    let charts: Vec<&str> = history.as_array().unwrap().iter().map(|r| r["chart"].as_str().unwrap()).collect();
+    let charts: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["chart"].as_str().unwrap())
+        .collect();
     assert_eq!(
         charts,
         [PREVIOUS_VERSION, VERSION, PREVIOUS_VERSION, VERSION].map(|v| format!("cds-secret-guard-{v}")),

@@ -729,7 +729,7 @@ async fn certificates_rotate_through_disruptions(release: &Release) {
     both_replicas_ready().await;
 }
 
-/// The renewal `certificate.source: generate` leaves to the operator (docs/operations.md:
+/// The renewal `certificate.source: generate` leaves to the operator (docs/upgrade.md, "Renewing a generated certificate":
 /// delete the certificate's secret, `helm upgrade`) replaces the CA and the serving
 /// certificate in one apply: Gatekeeper's order. The apiserver trusts the new CA at once;
 /// the replicas serve the old certificate until the kubelet updates their mounted files.
