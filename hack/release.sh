@@ -59,7 +59,12 @@ if [[ -n "${REGISTRY_USER:-}" ]]; then
 		"${helm_flags[@]}" <<<"$REGISTRY_PASSWORD" >/dev/null
 fi
 
-# The image, as `make image` builds it, pushed from the engine's export.
+# The image, as `make image` builds it, pushed from the engine's export. The engine runs
+# until both are done (image.sh stops only an engine it started).
+started=0
+if docker_start; then started=1; fi
+stop_engine() { if ((started)); then docker_stop; fi; }
+trap stop_engine EXIT
 "$repo/hack/image.sh" "$tree"
 rm -rf "$out"
 mkdir -p "$out"

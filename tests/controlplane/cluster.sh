@@ -515,6 +515,7 @@ launch() { # launch NAME
 	etcd*) launch_etcd "$1" ;;
 	kube-apiserver*) launch_apiserver "$1" ;;
 	kube-controller-manager) launch_kcm ;;
+	*) node_launch "$1" ;;
 	esac
 }
 
@@ -527,6 +528,7 @@ wait_healthy() { # wait_healthy NAME
 		pid_of kube-controller-manager >/dev/null ||
 			{ tail -n 30 "$logs/kube-controller-manager.log" >&2; die "kube-controller-manager exited; see $logs/kube-controller-manager.log"; }
 		;;
+	*) node_healthy "$1" ;;
 	esac
 }
 

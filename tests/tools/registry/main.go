@@ -5,6 +5,7 @@ package main
 
 import (
 	"crypto/subtle"
+	"crypto/tls"
 	"flag"
 	"log"
 	"net/http"
@@ -40,7 +41,15 @@ func main() {
 		}
 		registryHandler.ServeHTTP(w, r)
 	})
-	server := &http.Server{Addr: *address, Handler: authenticated, ReadHeaderTimeout: 10 * time.Second}
+	server := &http.Server{
+		Addr:              *address,
+		Handler:           authenticated,
+		ReadHeaderTimeout: 10 * time.Second,
+		// HTTP/1.1 only: go-containerregistry's registry reads an upload's body under one
+		// lock for all uploads, and HTTP/2's shared flow-control window then lets a
+		// stream waiting for that lock starve the one holding it (concurrent pushes hang).
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+	}
 	log.Printf("registry: serving https://%s", *address)
 	log.Fatal(server.ListenAndServeTLS(*certFile, *keyFile))
 }
