@@ -188,9 +188,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "docker.io/$pause_image"
-  # Per-registry trust: certs.d/<host:port>/hosts.toml (the node's registry).
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "$node_dir/containerd/certs.d"
   # Root here lacks CAP_SYS_RESOURCE: without this, runc fails to create any sandbox.
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -204,6 +201,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "$node_dir/cni/net.d"
     max_conf_num = 1
+  # Per-registry trust: certs.d/<host:port>/hosts.toml (the node's registry). A table of
+  # its own, last: the keys after a table header belong to it.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$node_dir/containerd/certs.d"
 EOF
 	mkdir -p "$node_dir/containerd/certs.d/$registry_addr" "$registry_dir"
 	printf '%s\n' "server = \"https://$registry_addr\"" "[host.\"https://$registry_addr\"]" \
