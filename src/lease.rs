@@ -344,7 +344,14 @@ impl Elector {
     async fn patch(&self, patch: &serde_json::Value) -> Result<Option<Lease>> {
         match self
             .api
-            .patch(&self.config.name, &PatchParams::default(), &Patch::Merge(patch))
+            .patch(
+                &self.config.name,
+                &PatchParams {
+                    field_manager: Some(crate::FIELD_MANAGER.to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(patch),
+            )
             .await
         {
             Ok(lease) => Ok(Some(lease)),

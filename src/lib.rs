@@ -108,3 +108,8 @@ pub enum Error {
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The field manager of every write the guard makes: the apiserver's managedFields, and
+/// a server-side apply that conflicts with the guard (a `helm upgrade` rendering the
+/// caBundle the guard keeps), name it.
+pub const FIELD_MANAGER: &str = "cds-secret-guard";

@@ -330,7 +330,14 @@ impl Reconciler {
                 }
             });
             match secrets
-                .patch_metadata(secret, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch_metadata(
+                    secret,
+                    &PatchParams {
+                        field_manager: Some(crate::FIELD_MANAGER.to_owned()),
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(&patch),
+                )
                 .await
             {
                 Ok(patched) => {

@@ -271,7 +271,10 @@ impl Renewer {
         match secrets
             .replace(
                 &self.settings.secret,
-                &PostParams::default(),
+                &PostParams {
+                    field_manager: Some(crate::FIELD_MANAGER.to_owned()),
+                    ..PostParams::default()
+                },
                 &state.into_secret(secret),
             )
             .await

@@ -165,7 +165,11 @@ impl Webhooks {
                 }
             }
             let name = object.metadata.name.clone().unwrap_or_default();
-            api.replace(&name, &PostParams::default(), &object).await?;
+            let params = PostParams {
+                field_manager: Some(crate::FIELD_MANAGER.to_owned()),
+                ..PostParams::default()
+            };
+            api.replace(&name, &params, &object).await?;
         }
         Ok(())
     }

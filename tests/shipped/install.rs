@@ -163,7 +163,16 @@ impl Release {
         self.upgrade_waiting(tag, values, true);
     }
 
-    /// `helm upgrade`, waiting for the rollout or not.
+    /// `helm upgrade` that takes over fields another manager holds, as docs/upgrade.md
+    /// says to change `certificate.source` away from `guard` (the guard keeps the
+    /// caBundle the chart then renders); waits for the rollout.
+    pub fn upgrade_forcing_conflicts(&self, tag: &str, values: &[&str]) {
+        let mut values = values.to_vec();
+        values.push("--force-conflicts");
+        self.upgrade_waiting(tag, &values, true);
+    }
+
+    /// `helm upgrade`, waiting for the rollout or not; a value starting with `--` is a flag.
     pub fn upgrade_waiting(&self, tag: &str, values: &[&str], wait: bool) {
         let mut command = self.helm();
         command
@@ -175,7 +184,11 @@ impl Release {
             command.args(["--wait", "--timeout", "3m"]);
         }
         for value in values {
-            command.args(["--set", value]);
+            if value.starts_with("--") {
+                command.arg(value);
+            } else {
+                command.args(["--set", value]);
+            }
         }
         run(&mut command);
     }

@@ -736,7 +736,7 @@ async fn certificates_rotate_through_disruptions(release: &Release) {
 /// The same load and the same counts as the guard's own renewal see those calls fail.
 async fn renewing_by_hand_replaces_ca_and_leaf_together(release: &Release) {
     let generate = ["certificate.source=generate"];
-    tokio::task::block_in_place(|| release.upgrade_with(VERSION, &generate));
+    tokio::task::block_in_place(|| release.upgrade_forcing_conflicts(VERSION, &generate));
     both_replicas_ready().await;
     let ns = TestNamespace::new("soak-by-hand").await;
     default_service_account(&ns.name).await;
