@@ -751,7 +751,9 @@ async fn renewing_by_hand_replaces_ca_and_leaf_together(release: &Release) {
     let calls = WebhookCalls::now();
     let secret = format!("secret/{}-tls", release.name);
     run(kubectl().args(["-n", release.namespace, "delete", &secret]));
-    tokio::task::block_in_place(|| release.upgrade_with(VERSION, &generate));
+    // Forced again: the replicas that renewed until the switch may have written the
+    // caBundle once more before they stopped (a steady `generate` install needs no force).
+    tokio::task::block_in_place(|| release.upgrade_forcing_conflicts(VERSION, &generate));
     let outcome = running.finish(&ns).await;
     let during = calls.since();
     let refused = certificate_errors_since(log_offset);
