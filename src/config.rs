@@ -39,8 +39,8 @@ pub struct Config {
 /// buffers, a request head ([`HEAD_LIMIT`](crate::server::HEAD_LIMIT)) and an HTTP/2
 /// window ([`WINDOW`](crate::server::WINDOW)), plus the head of each request waiting for
 /// a slot. With the defaults: 32 MiB of bodies and under 100 KiB per connection (25 MiB)
-/// over the process's own 27 MiB; `tests/abuse.rs` measures 85 MiB with all of it taken,
-/// under the Deployment's 128 MiB.
+/// over the process's own 27 MiB. In its pod on the node, `make soak` measures about
+/// 90 MiB with all of it taken, under the Deployment's 128 MiB (docs/design/soak.md).
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Open connections; past it, new ones wait in the kernel's accept queue. Also the
