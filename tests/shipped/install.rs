@@ -204,28 +204,54 @@ impl Release {
     }
 }
 
-/// The guard's pods in `namespace`, but those terminating (an earlier install's, whose
-/// Deployment is gone): name, node, ready.
-pub fn guard_pods(namespace: &str) -> Vec<(String, String, bool)> {
+/// The guard's pods in `namespace` as the apiserver has them, but those terminating (an
+/// earlier install's, whose Deployment is gone).
+pub fn live_guard_pods(namespace: &str) -> Vec<Value> {
     let pods = kubectl_json(&["-n", namespace, "get", "pods", "-l", GUARD_PODS]);
     pods["items"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
+        .cloned()
+        .collect()
+}
+
+/// A pod's Ready condition is True.
+pub fn is_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// The guard's live pods in `namespace`: name, node, ready.
+pub fn guard_pods(namespace: &str) -> Vec<(String, String, bool)> {
+    live_guard_pods(namespace)
+        .iter()
         .map(|pod| {
-            let ready = pod["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
             (
                 pod["metadata"]["name"].as_str().unwrap().to_owned(),
                 pod["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
-                ready,
+                is_ready(pod),
             )
         })
         .collect()
+}
+
+/// A fresh worker secret in a namespace of its own, whose delete the guard refuses for its
+/// age (through the Service); the namespace lives as long as the value.
+pub async fn a_young_worker_secret_is_refused(prefix: &str) -> TestNamespace {
+    let probe = TestNamespace::new(prefix).await;
+    probe.worker_secret("probe").await;
+    let refusal = refused_by_the_guard(&probe, "cds-worker-config-probe").await;
+    assert!(
+        refusal.message.contains("cannot be deleted within 10m of creation"),
+        "{}",
+        refusal.message
+    );
+    probe
 }
 
 /// Every guard pod's log (`kubectl logs`: through the apiserver and the kubelet).

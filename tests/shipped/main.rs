@@ -138,14 +138,7 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
 
     // A young worker secret: the pods refuse its delete; their logs and the apiserver's
     // audit log say so.
-    let probe = TestNamespace::new("guard-probe").await;
-    probe.worker_secret("probe").await;
-    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
-    assert!(
-        refusal.message.contains("cannot be deleted within 10m of creation"),
-        "{}",
-        refusal.message
-    );
+    let _probe = install::a_young_worker_secret_is_refused("guard-probe").await;
     let answered = eventually(
         "a guard pod's audit line for the refusal",
         Duration::from_secs(10),
@@ -408,14 +401,7 @@ async fn kustomize_install_decides_from_its_pods() {
         pods.iter().all(|(_, node, ready)| node == "cds-guard-node" && *ready),
         "{pods:?}"
     );
-    let probe = TestNamespace::new("kustomize-probe").await;
-    probe.worker_secret("probe").await;
-    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
-    assert!(
-        refusal.message.contains("cannot be deleted within 10m of creation"),
-        "{}",
-        refusal.message
-    );
+    let _probe = install::a_young_worker_secret_is_refused("kustomize-probe").await;
     eventually(
         "a kustomize-installed pod's audit line",
         Duration::from_secs(10),
@@ -464,14 +450,7 @@ async fn make_run_installs_over_what_the_suites_leave() {
         account["metadata"]["annotations"]["meta.helm.sh/release-name"],
         "cds-secret-guard"
     );
-    let probe = TestNamespace::new("make-run-probe").await;
-    probe.worker_secret("probe").await;
-    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
-    assert!(
-        refusal.message.contains("cannot be deleted within 10m of creation"),
-        "{}",
-        refusal.message
-    );
+    let _probe = install::a_young_worker_secret_is_refused("make-run-probe").await;
 }
 
 /// `hostNetwork: true` on its own ports: the replica serves from the node's address (for
@@ -487,15 +466,9 @@ async fn the_host_network_variant_serves_from_the_node() {
             "ports.probes=9080",
         ],
     );
-    let pods = kubectl_json(&["-n", release.namespace, "get", "pods", "-l", install::GUARD_PODS]);
-    let pods: Vec<&serde_json::Value> = pods["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
-        .collect();
+    let pods = install::live_guard_pods(release.namespace);
     assert_eq!(pods.len(), 1, "one replica");
-    let pod = pods[0];
+    let pod = &pods[0];
     assert_eq!(pod["spec"]["hostNetwork"], true);
     assert_eq!(
         pod["status"]["podIP"], pod["status"]["hostIP"],
@@ -520,12 +493,5 @@ async fn the_host_network_variant_serves_from_the_node() {
         ports.contains(&9443),
         "the Service sends to the node's port 9443: {ports:?}"
     );
-    let probe = TestNamespace::new("host-network-probe").await;
-    probe.worker_secret("probe").await;
-    let refusal = install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
-    assert!(
-        refusal.message.contains("cannot be deleted within 10m of creation"),
-        "{}",
-        refusal.message
-    );
+    let _probe = install::a_young_worker_secret_is_refused("host-network-probe").await;
 }

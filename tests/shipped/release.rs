@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::{
     harness::{self, TestNamespace, kubectl},
-    install::{self, GUARD_PODS, Release, VERSION, eventually, kubectl_json, run, stdout},
+    install::{self, Release, VERSION, eventually, kubectl_json, run, stdout},
     seed, webhook_calls,
 };
 
@@ -124,41 +124,18 @@ fn previous_release_tree() -> PathBuf {
     tree
 }
 
-/// The image every guard pod runs, and the image ID the node pulled.
-fn guard_images() -> Vec<(String, String)> {
-    let pods = kubectl_json(&["-n", NAMESPACE, "get", "pods", "-l", GUARD_PODS]);
-    pods["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
-        .map(|pod| {
-            (
-                pod["spec"]["containers"][0]["image"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                pod["status"]["containerStatuses"][0]["imageID"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            )
-        })
-        .collect()
-}
-
 /// The release's replicas all run `version` from the registry, pulled by the node.
 async fn running_from_the_registry(registry: &Registry, version: &str) {
     let image = format!("{}/cds-secret-guard:{version}", registry.address);
     eventually(&format!("every replica on {image}"), Duration::from_secs(120), || {
-        let images = guard_images();
-        let pods = install::guard_pods(NAMESPACE);
-        (!images.is_empty()
-            && images
-                .iter()
-                .all(|(running, id)| *running == image && id.starts_with(&registry.address))
-            && pods.iter().all(|(_, _, ready)| *ready))
-        .then_some(())
+        let pods = install::live_guard_pods(NAMESPACE);
+        let pulled = |pod: &Value| {
+            pod["spec"]["containers"][0]["image"] == image.as_str()
+                && pod["status"]["containerStatuses"][0]["imageID"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with(&registry.address))
+        };
+        (!pods.is_empty() && pods.iter().all(|pod| pulled(pod) && install::is_ready(pod))).then_some(())
     })
     .await;
 }
