@@ -193,6 +193,7 @@ fn main() {
                 http2,
                 connections: args.connections,
                 duration,
+                rate: None,
                 client_cert: None,
                 cacert: None,
             };

@@ -23,6 +23,8 @@ pub struct Load {
     pub http2: bool,
     pub connections: usize,
     pub duration: Duration,
+    /// Requests a second in all, open loop (`oha -q`); as fast as answered when `None`.
+    pub rate: Option<f64>,
     /// Client certificate and key (the apiserver's admin).
     pub client_cert: Option<(PathBuf, PathBuf)>,
     pub cacert: Option<PathBuf>,
@@ -59,6 +61,9 @@ impl Load {
             .arg("-z")
             .arg(format!("{}ms", self.duration.as_millis()))
             .args(["-m", self.method]);
+        if let Some(rate) = self.rate {
+            command.arg("-q").arg(rate.to_string());
+        }
         if self.http2 {
             // One stream per connection: the same concurrency as HTTP/1.1.
             command.args(["--http2", "-p", "1"]);
