@@ -10,8 +10,10 @@
 //! - [`admission`]: decoding AdmissionReviews and encoding responses;
 //! - [`policy`]: the secret-DELETE rules (pure, apart from the lookups they ask for);
 //! - [`mutation`]: the pod-CREATE patch (pure);
+//! - [`in_use`]: the DELETE rules of opted-in Secrets and ConfigMaps (in-use protection);
 //! - [`pod`]: what the guard reads of a pod, decoded into lean types, and the state the
 //!   decisions need of it;
+//! - [`references`]: the Secrets and ConfigMaps a pod names, as Kubernetes counts them;
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
 //! - [`pod_cache`]: the reconciler's pod watches as the decisions' cache, and when it
 //!   may stand in for a quorum read;
@@ -30,6 +32,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod events;
+pub mod in_use;
 pub mod lease;
 pub mod lookup;
 pub mod metrics;
@@ -38,6 +41,7 @@ pub mod owner_refs;
 pub mod pod;
 pub mod pod_cache;
 pub mod policy;
+pub mod references;
 pub mod renewal;
 pub mod server;
 pub mod telemetry;

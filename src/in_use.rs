@@ -1,0 +1,729 @@
+//! In-use protection: the DELETE rules for a Secret or ConfigMap that was opted in. First
+//! match wins:
+//!
+//! 1. `kube-root-ca.crt` (every pod projects it, and its controller replaces it) → allow;
+//! 2. the requester is exempt (the namespace controller by default) → allow;
+//! 3. the object carries the [`FORCE_ANNOTATION`] → allow, audited as forced;
+//! 4. a pod of its namespace uses it and stays → deny, naming the pods;
+//! 5. a read failed or ran past its deadline → deny (fail closed);
+//! 6. otherwise → allow.
+//!
+//! Before a denial stands, a namespace a quorum read shows terminating turns it into an
+//! allow: the namespace takes its pods with it.
+//!
+//! A pod **uses** the object while its spec names it without `optional: true`
+//! ([`crate::references::needs`]) and it is not terminal (Succeeded, Failed). A pod not yet
+//! scheduled uses it: it needs it to start. A pod **stays** unless it is being deleted
+//! or the garbage collector will delete it: every one of its owners is gone (read by UID,
+//! then the pod read again still naming it), or is being deleted without orphaning its
+//! dependents, or is itself leaving the same way. Only the built-in workload kinds are
+//! followed ([`WORKLOAD_KINDS`]); any other owner keeps its pod. That is how
+//! `helm uninstall` completes: it deletes a Deployment, then the ConfigMap its pods use;
+//! the Deployment is gone, so its ReplicaSet and their pods are on their way out.
+//!
+//! What a user may write only narrows a denial: a pod's own ownerReferences can make the
+//! pod leave (the garbage collector then deletes it), never make another pod leave.
+//! Absence is proved only by reads made after the request arrived: one quorum LIST of
+//! the namespace's pods, and GETs (served by etcd) along the owner chains. Pods a watch
+//! shows ([`InUseLookup::cached_users`]) may deny without the LIST, never allow.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::references::Kind;
+
+/// The label that opts a namespace (all its Secrets and ConfigMaps) or one object in.
+pub const OPT_IN_LABEL: &str = "cds-secret-guard/in-use-protection";
+/// The opt-in label's value.
+pub const OPT_IN_VALUE: &str = "enabled";
+/// The annotation that lets the next delete through whatever uses the object; its value
+/// says why, and is audited.
+pub const FORCE_ANNOTATION: &str = "cds-secret-guard/force-delete";
+/// The ConfigMap every pod projects; kube-controller-manager replaces it.
+pub const ROOT_CA: &str = "kube-root-ca.crt";
+/// The owner kinds the garbage collector's cascades are followed through, by
+/// `apiVersion` and `kind`.
+pub const WORKLOAD_KINDS: [(&str, &str); 7] = [
+    ("apps/v1", "ReplicaSet"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "DaemonSet"),
+    ("batch/v1", "Job"),
+    ("batch/v1", "CronJob"),
+    ("v1", "ReplicationController"),
+];
+/// How many owners up a chain is followed; past it, the pod stays.
+const CHAIN_DEPTH: usize = 4;
+/// How many pods a denial names.
+const NAMED_PODS: usize = 3;
+
+/// A DELETE of an opted-in Secret or ConfigMap, as the rules see it.
+#[derive(Debug, Clone, Copy)]
+pub struct ObjectDelete<'a> {
+    /// Secret or ConfigMap.
+    pub kind: Kind,
+    /// Namespace of the object.
+    pub namespace: &'a str,
+    /// Name of the object.
+    pub name: &'a str,
+    /// The object's metadata from `oldObject`.
+    pub object: Option<&'a ObjectMeta>,
+    /// Whether the requester is exempt.
+    pub exempt: bool,
+}
+
+/// A pod, or an owner up its chain, as the rules read it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dependent {
+    /// `apiVersion`, to read it again.
+    pub api_version: String,
+    /// `kind`, to read it again.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
+    /// It has a deletion timestamp.
+    pub deleting: bool,
+    /// Its finalizers include `orphan`: its dependents survive it.
+    pub orphans: bool,
+    /// A pod in phase Succeeded or Failed.
+    pub terminal: bool,
+    /// Its ownerReferences.
+    pub owners: Vec<OwnerReference>,
+}
+
+/// The reads behind the rules, behind a narrow trait so that they can be tested with an
+/// in-memory fake and model-checked.
+#[async_trait]
+pub trait InUseLookup: Send + Sync {
+    /// The pods of `namespace` whose spec needs the `kind` named `name`, by one quorum read.
+    async fn users(&self, namespace: &str, kind: Kind, name: &str) -> crate::Result<Vec<Dependent>>;
+
+    /// The object of this `apiVersion`, `kind` and name (a pod, or a [`WORKLOAD_KINDS`]
+    /// owner), by quorum read; `None` when absent.
+    async fn object(
+        &self,
+        namespace: &str,
+        api_version: &str,
+        kind: &str,
+        name: &str,
+    ) -> crate::Result<Option<Dependent>>;
+
+    /// Whether the namespace is being deleted, by quorum read.
+    async fn namespace_terminating(&self, namespace: &str) -> crate::Result<bool>;
+
+    /// The pods a watch shows needing the object: a hint that may justify a denial,
+    /// never an allow.
+    fn cached_users(&self, _namespace: &str, _kind: Kind, _name: &str) -> Vec<Dependent> {
+        Vec::new()
+    }
+}
+
+/// Which rule decided, as a stable code for logs, metrics and audit annotations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Rule 1: an object never protected.
+    NotProtected,
+    /// Rule 2: the requester is exempt.
+    Exempt,
+    /// Rule 3: forced by the annotation.
+    Forced,
+    /// Rule 4: pods use it.
+    InUse,
+    /// Rule 5: the pods could not be verified.
+    LookupFailed,
+    /// Rule 6: no pod uses it.
+    Unused,
+    /// A denial overridden: the namespace is being deleted.
+    NamespaceTerminating,
+}
+
+/// The outcome of the rules for one delete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// Whether the delete may proceed.
+    pub allowed: bool,
+    /// The rule that decided.
+    pub reason: Reason,
+    /// What a `kubectl delete` user is told.
+    pub message: String,
+    /// The pods that keep the object, when some do.
+    pub pods: Vec<String>,
+}
+
+/// Applies the rules to one delete. Every read goes through `lookup`; its deadline, if
+/// any, is the lookup's business.
+pub async fn decide(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
+    let what = Subject(request.kind, request.name);
+    // Rule 1.
+    if request.kind == Kind::ConfigMap && request.name == ROOT_CA {
+        return Verdict::allow(Reason::NotProtected, format!("{what} is never protected"));
+    }
+    // Rule 2.
+    if request.exempt {
+        return Verdict::allow(Reason::Exempt, "the requester is exempt".to_owned());
+    }
+    // Rule 3.
+    let force = request
+        .object
+        .and_then(|object| object.annotations.as_ref()?.get(FORCE_ANNOTATION))
+        .filter(|why| !why.trim().is_empty());
+    if let Some(why) = force {
+        return Verdict::allow(
+            Reason::Forced,
+            format!("{what} deleted by force ({FORCE_ANNOTATION}: {why})"),
+        );
+    }
+
+    let verdict = match staying_users(request, lookup).await {
+        Ok(pods) if pods.is_empty() => Verdict::allow(Reason::Unused, format!("no pod uses {what}")),
+        Ok(pods) => in_use(request, pods),
+        Err(error) => Verdict::deny(
+            Reason::LookupFailed,
+            format!("cannot verify that no pod uses {what} ({error}); refusing to delete it"),
+        ),
+    };
+    if verdict.allowed {
+        return verdict;
+    }
+    match lookup.namespace_terminating(request.namespace).await {
+        Ok(true) => Verdict::allow(
+            Reason::NamespaceTerminating,
+            format!("namespace {} is being deleted", request.namespace),
+        ),
+        Ok(false) | Err(_) => verdict,
+    }
+}
+
+/// The names of the pods that use the object and stay: those a watch shows if any stays
+/// (no LIST), else those of one quorum LIST.
+async fn staying_users(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> crate::Result<Vec<String>> {
+    let (kind, namespace, name) = (request.kind, request.namespace, request.name);
+    let cached = staying(lookup, namespace, lookup.cached_users(namespace, kind, name)).await;
+    if let Ok(pods) = cached
+        && !pods.is_empty()
+    {
+        return Ok(pods);
+    }
+    let users = lookup.users(namespace, kind, name).await?;
+    staying(lookup, namespace, users).await
+}
+
+/// The names of `pods` that are not terminal and not leaving.
+async fn staying(lookup: &dyn InUseLookup, namespace: &str, pods: Vec<Dependent>) -> crate::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for pod in pods.into_iter().filter(|pod| !pod.terminal) {
+        if !leaving(lookup, namespace, &pod, CHAIN_DEPTH).await? {
+            names.push(pod.name);
+        }
+    }
+    names.sort_unstable();
+    names.dedup();
+    Ok(names)
+}
+
+/// Whether `object` is being deleted, or the garbage collector will delete it: it has
+/// owners and each of them takes it along.
+fn leaving<'a>(
+    lookup: &'a dyn InUseLookup,
+    namespace: &'a str,
+    object: &'a Dependent,
+    depth: usize,
+) -> BoxFuture<'a, crate::Result<bool>> {
+    Box::pin(async move {
+        if object.deleting {
+            return Ok(true);
+        }
+        if object.owners.is_empty() || depth == 0 {
+            return Ok(false);
+        }
+        for owner in &object.owners {
+            if !takes_along(lookup, namespace, object, owner, depth).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+}
+
+/// Whether the garbage collector will delete `dependent` for `owner`'s sake: the owner is
+/// gone and `dependent`, read after it, still names it (dangling); or it is being deleted
+/// without orphaning; or it is leaving itself. An owner of another kind keeps it.
+async fn takes_along(
+    lookup: &dyn InUseLookup,
+    namespace: &str,
+    dependent: &Dependent,
+    owner: &OwnerReference,
+    depth: usize,
+) -> crate::Result<bool> {
+    let followed = WORKLOAD_KINDS
+        .iter()
+        .any(|&(api_version, kind)| owner.api_version == api_version && owner.kind == kind);
+    if !followed {
+        return Ok(false);
+    }
+    let found = lookup
+        .object(namespace, &owner.api_version, &owner.kind, &owner.name)
+        .await?;
+    match found {
+        Some(found) if found.uid == owner.uid => {
+            if found.deleting {
+                Ok(!found.orphans)
+            } else {
+                leaving(lookup, namespace, &found, depth - 1).await
+            }
+        }
+        // The owner is gone (or another object took its name). Orphaning happens before an
+        // owner goes, so a dependent that still names it once it is gone is dangling.
+        _ => {
+            let again = lookup
+                .object(namespace, &dependent.api_version, &dependent.kind, &dependent.name)
+                .await?;
+            Ok(again.is_none_or(|again| {
+                again.uid != dependent.uid || again.owners.iter().any(|named| named.uid == owner.uid)
+            }))
+        }
+    }
+}
+
+fn in_use(request: &ObjectDelete<'_>, pods: Vec<String>) -> Verdict {
+    let what = Subject(request.kind, request.name);
+    let named = pods
+        .iter()
+        .take(NAMED_PODS)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = match pods.len().saturating_sub(NAMED_PODS) {
+        0 => String::new(),
+        more => format!(" and {more} more"),
+    };
+    let message = format!(
+        "{what} is in use by pod {named}{more} in namespace {}; delete or scale down what uses it first, \
+         or annotate it {FORCE_ANNOTATION}=<why> to force the delete",
+        request.namespace
+    );
+    Verdict {
+        pods,
+        ..Verdict::deny(Reason::InUse, message)
+    }
+}
+
+/// "secret NAME" or "configmap NAME", as messages name the object.
+struct Subject<'a>(Kind, &'a str);
+
+impl fmt::Display for Subject<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.0 {
+            Kind::Secret => "secret",
+            Kind::ConfigMap => "configmap",
+        };
+        write!(f, "{kind} {}", self.1)
+    }
+}
+
+// === impl Reason ===
+
+impl Reason {
+    /// Whether a verdict for this reason refuses the delete.
+    pub fn denies(self) -> bool {
+        matches!(self, Self::InUse | Self::LookupFailed)
+    }
+
+    /// The stable code of this reason.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::NotProtected => "not-protected",
+            Self::Exempt => "exempt",
+            Self::Forced => "forced",
+            Self::InUse => "in-use",
+            Self::LookupFailed => "lookup-failed",
+            Self::Unused => "unused",
+            Self::NamespaceTerminating => "namespace-terminating",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+// === impl Verdict ===
+
+impl Verdict {
+    fn allow(reason: Reason, message: String) -> Self {
+        Self {
+            allowed: true,
+            reason,
+            message,
+            pods: Vec::new(),
+        }
+    }
+
+    fn deny(reason: Reason, message: String) -> Self {
+        Self {
+            allowed: false,
+            reason,
+            message,
+            pods: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::HashMap,
+        sync::atomic::{AtomicUsize, Ordering},
+    };
+
+    use super::*;
+
+    /// The cluster as the rules read it: the pods a LIST returns (a snapshot), the objects
+    /// GETs return (now), what a watch shows.
+    #[derive(Default)]
+    struct Fake {
+        users: Vec<Dependent>,
+        objects: HashMap<(String, String), Dependent>,
+        cached: Vec<Dependent>,
+        users_fail: bool,
+        objects_fail: bool,
+        terminating: bool,
+        lists: AtomicUsize,
+    }
+
+    impl Fake {
+        fn with(mut self, object: Dependent) -> Self {
+            self.objects.insert((object.kind.clone(), object.name.clone()), object);
+            self
+        }
+
+        /// `pod` listed as a user, and readable by name.
+        fn using(mut self, pod: Dependent) -> Self {
+            self.users.push(pod.clone());
+            self.with(pod)
+        }
+    }
+
+    #[async_trait]
+    impl InUseLookup for Fake {
+        async fn users(&self, _: &str, _: Kind, _: &str) -> crate::Result<Vec<Dependent>> {
+            self.lists.fetch_add(1, Ordering::Relaxed);
+            if self.users_fail {
+                return Err(crate::Error::Timeout(std::time::Duration::from_secs(2)));
+            }
+            Ok(self.users.clone())
+        }
+
+        async fn object(&self, _: &str, _: &str, kind: &str, name: &str) -> crate::Result<Option<Dependent>> {
+            if self.objects_fail {
+                return Err(crate::Error::Timeout(std::time::Duration::from_secs(2)));
+            }
+            Ok(self.objects.get(&(kind.to_owned(), name.to_owned())).cloned())
+        }
+
+        async fn namespace_terminating(&self, _: &str) -> crate::Result<bool> {
+            Ok(self.terminating)
+        }
+
+        fn cached_users(&self, _: &str, _: Kind, _: &str) -> Vec<Dependent> {
+            self.cached.clone()
+        }
+    }
+
+    fn object(api_version: &str, kind: &str, name: &str, owners: &[&Dependent]) -> Dependent {
+        Dependent {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            owners: owners
+                .iter()
+                .map(|owner| OwnerReference {
+                    api_version: owner.api_version.clone(),
+                    kind: owner.kind.clone(),
+                    name: owner.name.clone(),
+                    uid: owner.uid.clone(),
+                    controller: Some(true),
+                    ..OwnerReference::default()
+                })
+                .collect(),
+            ..Dependent::default()
+        }
+    }
+
+    fn pod(name: &str, owners: &[&Dependent]) -> Dependent {
+        object("v1", "Pod", name, owners)
+    }
+
+    /// A Deployment, its ReplicaSet and its pod.
+    fn workload() -> (Dependent, Dependent, Dependent) {
+        let deployment = object("apps/v1", "Deployment", "web", &[]);
+        let replica_set = object("apps/v1", "ReplicaSet", "web-5d8f", &[&deployment]);
+        let pod = pod("web-5d8f-x2k", &[&replica_set]);
+        (deployment, replica_set, pod)
+    }
+
+    async fn delete_with(lookup: &Fake, annotations: &[(&str, &str)]) -> Verdict {
+        let meta = ObjectMeta {
+            annotations: Some(annotations.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()),
+            ..ObjectMeta::default()
+        };
+        let request = ObjectDelete {
+            kind: Kind::ConfigMap,
+            namespace: "app",
+            name: "settings",
+            object: Some(&meta),
+            exempt: false,
+        };
+        decide(&request, lookup).await
+    }
+
+    async fn delete(lookup: &Fake) -> Verdict {
+        delete_with(lookup, &[]).await
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_uses_it_denies_naming_the_pod() {
+        let verdict = delete(&Fake::default().using(pod("web", &[]))).await;
+        assert!(!verdict.allowed);
+        assert_eq!(verdict.reason, Reason::InUse);
+        assert_eq!(verdict.pods, ["web"]);
+        assert!(
+            verdict
+                .message
+                .starts_with("configmap settings is in use by pod web in namespace app;"),
+            "{}",
+            verdict.message
+        );
+        assert!(verdict.message.contains(FORCE_ANNOTATION), "{}", verdict.message);
+    }
+
+    #[tokio::test]
+    async fn a_denial_names_three_pods_and_counts_the_rest() {
+        let lookup = ["e", "d", "c", "b", "a"]
+            .into_iter()
+            .fold(Fake::default(), |fake, name| fake.using(pod(name, &[])));
+        let verdict = delete(&lookup).await;
+        assert_eq!(verdict.pods, ["a", "b", "c", "d", "e"]);
+        assert!(
+            verdict.message.contains("by pod a, b, c and 2 more in"),
+            "{}",
+            verdict.message
+        );
+    }
+
+    #[tokio::test]
+    async fn no_user_terminal_or_deleted_pods_allow() {
+        assert_eq!(delete(&Fake::default()).await.reason, Reason::Unused);
+        let done = Dependent {
+            terminal: true,
+            ..pod("done", &[])
+        };
+        let going = Dependent {
+            deleting: true,
+            ..pod("going", &[])
+        };
+        let verdict = delete(&Fake::default().using(done).using(going)).await;
+        assert!(verdict.allowed, "{verdict:?}");
+        assert_eq!(verdict.reason, Reason::Unused);
+    }
+
+    #[tokio::test]
+    async fn the_root_ca_and_exempt_requesters_are_let_through_without_a_read() {
+        let lookup = Fake::default().using(pod("web", &[]));
+        let root_ca = ObjectDelete {
+            kind: Kind::ConfigMap,
+            namespace: "app",
+            name: ROOT_CA,
+            object: None,
+            exempt: false,
+        };
+        assert_eq!(decide(&root_ca, &lookup).await.reason, Reason::NotProtected);
+        let secret_named_so = ObjectDelete {
+            kind: Kind::Secret,
+            ..root_ca
+        };
+        assert_eq!(decide(&secret_named_so, &lookup).await.reason, Reason::InUse);
+        let exempt = ObjectDelete {
+            name: "settings",
+            exempt: true,
+            ..root_ca
+        };
+        assert_eq!(decide(&exempt, &lookup).await.reason, Reason::Exempt);
+        assert_eq!(lookup.lists.load(Ordering::Relaxed), 1, "only the secret was read");
+    }
+
+    #[tokio::test]
+    async fn the_force_annotation_lets_it_through_saying_why() {
+        let lookup = Fake::default().using(pod("web", &[]));
+        let verdict = delete_with(&lookup, &[(FORCE_ANNOTATION, "replacing an immutable ConfigMap")]).await;
+        assert!(verdict.allowed);
+        assert_eq!(verdict.reason, Reason::Forced);
+        assert!(
+            verdict.message.contains("replacing an immutable ConfigMap"),
+            "{}",
+            verdict.message
+        );
+        let blank = delete_with(&lookup, &[(FORCE_ANNOTATION, " ")]).await;
+        assert_eq!(blank.reason, Reason::InUse, "a blank reason forces nothing");
+    }
+
+    #[tokio::test]
+    async fn helm_uninstall_completes_once_the_deployment_is_gone() {
+        let (deployment, replica_set, pod) = workload();
+        // Gone: the pod and its ReplicaSet are dangling, and both still name their owners.
+        let lookup = Fake::default().with(replica_set.clone()).using(pod.clone());
+        assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+        // Still there: the pod stays.
+        let lookup = Fake::default()
+            .with(deployment.clone())
+            .with(replica_set.clone())
+            .using(pod.clone());
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+        // Being deleted in the foreground or the background: the pod goes with it.
+        let deleting = Dependent {
+            deleting: true,
+            ..deployment.clone()
+        };
+        let lookup = Fake::default()
+            .with(deleting)
+            .with(replica_set.clone())
+            .using(pod.clone());
+        assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+    }
+
+    #[tokio::test]
+    async fn an_orphaning_delete_leaves_the_pods_in_use() {
+        let (deployment, replica_set, pod) = workload();
+        // `--cascade=orphan`: the owner waits on its `orphan` finalizer.
+        let orphaning = Dependent {
+            deleting: true,
+            orphans: true,
+            ..deployment
+        };
+        let lookup = Fake::default()
+            .with(orphaning)
+            .with(replica_set.clone())
+            .using(pod.clone());
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+        // Already orphaned: the owner is gone, and the ReplicaSet read again no longer names it.
+        let orphaned = Dependent {
+            owners: Vec::new(),
+            ..replica_set
+        };
+        let lookup = Fake::default().with(orphaned).using(pod);
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    }
+
+    #[tokio::test]
+    async fn a_pod_with_an_owner_left_or_of_another_kind_stays() {
+        let (_, replica_set, _) = workload();
+        let other = object("example.com/v1", "Runner", "runner", &[]);
+        // The Runner is gone too, but its kind is not followed.
+        let lookup = Fake::default().using(pod("by-crd", &[&other]));
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+        // One owner gone, one left: the garbage collector removes the reference only.
+        let gone = object("apps/v1", "ReplicaSet", "gone", &[]);
+        let lookup = Fake::default()
+            .with(replica_set.clone())
+            .with(object("apps/v1", "Deployment", "web", &[]))
+            .using(pod("two-owners", &[&replica_set, &gone]));
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    }
+
+    #[tokio::test]
+    async fn an_owner_replaced_under_its_name_is_gone() {
+        let (deployment, replica_set, pod) = workload();
+        let replaced = Dependent {
+            uid: "uid-new".into(),
+            ..deployment
+        };
+        let lookup = Fake::default().with(replaced).with(replica_set).using(pod);
+        assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+    }
+
+    #[tokio::test]
+    async fn a_chain_longer_than_followed_stays() {
+        let mut chain = vec![object("apps/v1", "Deployment", "top", &[])];
+        for level in 0..CHAIN_DEPTH {
+            let owner = chain.last().unwrap().clone();
+            chain.push(object("apps/v1", "ReplicaSet", &format!("level-{level}"), &[&owner]));
+        }
+        let bottom = pod("bottom", &[chain.last().unwrap()]);
+        // The top is gone; it is one owner too far up.
+        let lookup = chain[1..]
+            .iter()
+            .cloned()
+            .fold(Fake::default(), Fake::with)
+            .using(bottom);
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_denies_unless_the_namespace_goes() {
+        let lookup = Fake {
+            users_fail: true,
+            ..Fake::default()
+        };
+        let verdict = delete(&lookup).await;
+        assert_eq!(verdict.reason, Reason::LookupFailed);
+        assert!(
+            verdict
+                .message
+                .starts_with("cannot verify that no pod uses configmap settings")
+        );
+        let (_, replica_set, owned) = workload();
+        let lookup = Fake {
+            objects_fail: true,
+            ..Fake::default().with(replica_set).using(owned)
+        };
+        assert_eq!(
+            delete(&lookup).await.reason,
+            Reason::LookupFailed,
+            "a chain read failed"
+        );
+        let lookup = Fake {
+            users_fail: true,
+            terminating: true,
+            ..Fake::default()
+        };
+        assert_eq!(delete(&lookup).await.reason, Reason::NamespaceTerminating);
+        let lookup = Fake {
+            terminating: true,
+            ..Fake::default().using(pod("web", &[]))
+        };
+        assert_eq!(delete(&lookup).await.reason, Reason::NamespaceTerminating);
+    }
+
+    #[tokio::test]
+    async fn a_watched_user_denies_without_the_list_and_never_allows() {
+        let lookup = Fake {
+            cached: vec![pod("seen", &[])],
+            ..Fake::default()
+        };
+        let verdict = delete(&lookup).await;
+        assert_eq!((verdict.reason, verdict.pods), (Reason::InUse, vec!["seen".to_owned()]));
+        assert_eq!(lookup.lists.load(Ordering::Relaxed), 0);
+        // A watched pod on its way out proves nothing: the LIST decides.
+        let lookup = Fake {
+            cached: vec![Dependent {
+                deleting: true,
+                ..pod("leaving", &[])
+            }],
+            ..Fake::default().using(pod("listed", &[]))
+        };
+        let verdict = delete(&lookup).await;
+        assert_eq!(
+            (verdict.reason, verdict.pods),
+            (Reason::InUse, vec!["listed".to_owned()])
+        );
+        assert_eq!(lookup.lists.load(Ordering::Relaxed), 1);
+    }
+}
