@@ -496,8 +496,10 @@ launch_kcm() {
 	stop kube-controller-manager
 	write_kubeconfig "$kcm_kubeconfig" controller-manager system:kube-controller-manager
 	# --secure-port=0: no health endpoint needed, and no port to collide.
-	# Controllers: GC (ownerReferences), namespace deletion, and ClusterRole
-	# aggregation so the built-in admin/edit/view roles get their rules.
+	# Controllers: GC (ownerReferences), namespace deletion, ClusterRole
+	# aggregation so the built-in admin/edit/view roles get their rules, and the
+	# Deployment and ReplicaSet controllers, whose pods in-use protection follows
+	# to their owners (the pods stay Pending without a node).
 	# Each controller acts as its own service account, as in a kubeadm
 	# cluster: the namespace controller is
 	# system:serviceaccount:kube-system:namespace-controller (the guard's
@@ -505,7 +507,7 @@ launch_kcm() {
 	local node_flags=()
 	if node_enabled; then mapfile -t node_flags < <(node_kcm_flags); fi
 	start kube-controller-manager --kubeconfig="$kcm_kubeconfig" \
-		--controllers="garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller$(node_kcm_controllers)" \
+		--controllers="garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller,deployment-controller,replicaset-controller$(node_kcm_controllers)" \
 		--leader-elect=false --secure-port=0 \
 		--use-service-account-credentials=true "${node_flags[@]}"
 }

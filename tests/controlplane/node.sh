@@ -102,7 +102,7 @@ node_apiserver_flags() {
 }
 node_kcm_controllers() {
 	node_enabled || return 0
-	printf ',%s' deployment-controller replicaset-controller endpoints-controller \
+	printf ',%s' endpoints-controller \
 		endpointslice-controller serviceaccount-controller disruption-controller \
 		node-lifecycle-controller root-ca-certificate-publisher-controller \
 		pod-garbage-collector-controller

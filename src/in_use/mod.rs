@@ -14,12 +14,15 @@
 //! A pod **uses** the object while its spec names it without `optional: true`
 //! ([`crate::references::needs`]) and it is not terminal (Succeeded, Failed). A pod not yet
 //! scheduled uses it: it needs it to start. A pod **stays** unless it is being deleted
-//! or the garbage collector will delete it: every one of its owners is gone (read by UID,
-//! then the pod read again still naming it), or is being deleted without orphaning its
-//! dependents, or is itself leaving the same way. Only the built-in workload kinds are
-//! followed ([`WORKLOAD_KINDS`]); any other owner keeps its pod. That is how
-//! `helm uninstall` completes: it deletes a Deployment, then the ConfigMap its pods use;
-//! the Deployment is gone, so its ReplicaSet and their pods are on their way out.
+//! or the garbage collector will delete it, which is judged as the garbage collector
+//! judges it: every one of the pod's owners is gone (read by UID, then the pod read again
+//! still naming it), or waits for its dependents' deletion (`foregroundDeletion`), or
+//! will itself be gone soon: deleted with no finalizer holding it, or leaving the same
+//! way. An owner held by another finalizer (`orphan`, or anyone's) keeps its pods: it may
+//! hold them for good. Only the built-in workload kinds are followed
+//! ([`WORKLOAD_KINDS`]); any other owner keeps its pod. That is how `helm uninstall`
+//! completes: it deletes a Deployment, then the ConfigMap its pods use; the Deployment is
+//! gone, so its ReplicaSet and their pods are on their way out.
 //!
 //! What a user may write only narrows a denial: a pod's own ownerReferences can make the
 //! pod leave (the garbage collector then deletes it), never make another pod leave.
@@ -34,6 +37,10 @@ use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::references::Kind;
+
+mod reads;
+
+pub use reads::KubeInUse;
 
 /// The label that opts a namespace (all its Secrets and ConfigMaps) or one object in.
 pub const OPT_IN_LABEL: &str = "cds-secret-guard/in-use-protection";
@@ -59,6 +66,8 @@ pub const WORKLOAD_KINDS: [(&str, &str); 7] = [
 const CHAIN_DEPTH: usize = 4;
 /// How many pods a denial names.
 const NAMED_PODS: usize = 3;
+/// The finalizer of an owner whose dependents the garbage collector is deleting.
+const FOREGROUND_DELETION: &str = "foregroundDeletion";
 
 /// A DELETE of an opted-in Secret or ConfigMap, as the rules see it.
 #[derive(Debug, Clone, Copy)]
@@ -88,8 +97,9 @@ pub struct Dependent {
     pub uid: String,
     /// It has a deletion timestamp.
     pub deleting: bool,
-    /// Its finalizers include `orphan`: its dependents survive it.
-    pub orphans: bool,
+    /// Its finalizers (`orphan`: its dependents survive it; `foregroundDeletion`: the
+    /// garbage collector is deleting them).
+    pub finalizers: Vec<String>,
     /// A pod in phase Succeeded or Failed.
     pub terminal: bool,
     /// Its ownerReferences.
@@ -251,8 +261,9 @@ fn leaving<'a>(
 }
 
 /// Whether the garbage collector will delete `dependent` for `owner`'s sake: the owner is
-/// gone and `dependent`, read after it, still names it (dangling); or it is being deleted
-/// without orphaning; or it is leaving itself. An owner of another kind keeps it.
+/// gone and `dependent`, read after it, still names it (dangling); or it waits for its
+/// dependents' deletion; or nothing holds it and it is deleted or leaving itself. An
+/// owner of another kind keeps it.
 async fn takes_along(
     lookup: &dyn InUseLookup,
     namespace: &str,
@@ -271,8 +282,14 @@ async fn takes_along(
         .await?;
     match found {
         Some(found) if found.uid == owner.uid => {
-            if found.deleting {
-                Ok(!found.orphans)
+            if found
+                .finalizers
+                .iter()
+                .any(|finalizer| finalizer == FOREGROUND_DELETION)
+            {
+                Ok(true)
+            } else if !found.finalizers.is_empty() {
+                Ok(false)
             } else {
                 leaving(lookup, namespace, &found, depth - 1).await
             }
@@ -587,16 +604,39 @@ mod tests {
             .with(replica_set.clone())
             .using(pod.clone());
         assert_eq!(delete(&lookup).await.reason, Reason::InUse);
-        // Being deleted in the foreground or the background: the pod goes with it.
-        let deleting = Dependent {
+        // Being deleted in the foreground, or with nothing holding it: the pod goes with it.
+        for finalizers in [vec![FOREGROUND_DELETION.to_owned()], Vec::new()] {
+            let deleting = Dependent {
+                deleting: true,
+                finalizers,
+                ..deployment.clone()
+            };
+            let lookup = Fake::default()
+                .with(deleting)
+                .with(replica_set.clone())
+                .using(pod.clone());
+            assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_owner_another_finalizer_holds_keeps_its_pods() {
+        let (_, replica_set, pod) = workload();
+        let held = Dependent {
             deleting: true,
-            ..deployment.clone()
+            finalizers: vec!["example.com/hold".into()],
+            ..replica_set
         };
-        let lookup = Fake::default()
-            .with(deleting)
-            .with(replica_set.clone())
-            .using(pod.clone());
-        assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+        // The Deployment is gone and the ReplicaSet deleted, but it may be held for good.
+        let lookup = Fake::default().with(held.clone()).using(pod.clone());
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+        // Not deleted yet, but its owner is gone: held all the same once the GC deletes it.
+        let held = Dependent {
+            deleting: false,
+            ..held
+        };
+        let lookup = Fake::default().with(held).using(pod);
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse);
     }
 
     #[tokio::test]
@@ -605,7 +645,7 @@ mod tests {
         // `--cascade=orphan`: the owner waits on its `orphan` finalizer.
         let orphaning = Dependent {
             deleting: true,
-            orphans: true,
+            finalizers: vec!["orphan".into()],
             ..deployment
         };
         let lookup = Fake::default()
