@@ -1,0 +1,446 @@
+//! Model check of in-use protection through the product's real rules (`in_use::decide`).
+//!
+//! The world is one namespace: an opted-in ConfigMap, a Deployment whose ReplicaSet keeps
+//! one pod that uses it, and a bare pod a user may create and delete. The actors are the
+//! ReplicaSet controller, a user who deletes the Deployment once (in the background, the
+//! foreground, or orphaning), the garbage collector (orphaning, foreground cascades,
+//! dangling dependents, as kube-controller-manager does them), the kubelet removing
+//! deleted pods, and a client who deletes the ConfigMap at any moment, through the guard.
+//! Every such delete is decided by the real `in_use::decide`, over a lookup that reads the
+//! model's store at that moment, as the server's quorum reads do.
+//!
+//! The property: once the garbage collector and the kubelet have nothing left to do, no pod
+//! that used the ConfigMap when its delete was allowed still runs. A delete never strands
+//! a pod; it may come before the garbage collector has acted (`helm uninstall`), which the
+//! model shows reachable. Deliberately broken lookups must fail the property.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use async_trait::async_trait;
+use cds_secret_guard::{
+    in_use::{self, Dependent, InUseLookup, ObjectDelete},
+    references::Kind,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use stateright::{Checker, Model, Property};
+
+const DEPLOYMENT: u8 = 1;
+const REPLICA_SET: u8 = 2;
+const BARE_POD: u8 = 20;
+/// Pods the ReplicaSet controller may create in all (uids 10, 11).
+const REPLICA_PODS: u8 = 2;
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Finalizer {
+    Orphan,
+    Foreground,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Owner {
+    owner: Option<u8>,
+    deleting: bool,
+    finalizer: Option<Finalizer>,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Pod {
+    uid: u8,
+    owner: Option<u8>,
+    deleting: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct State {
+    config_map: bool,
+    deployment: Option<Owner>,
+    replica_set: Option<Owner>,
+    pods: Vec<Pod>,
+    /// The pods as they were one step before: what a stale LIST shows.
+    stale_pods: Vec<Pod>,
+    created: u8,
+    deployment_deleted: bool,
+    bare_created: bool,
+    /// The pods that used the ConfigMap when its delete was allowed.
+    users_at_delete: Vec<u8>,
+    /// The delete was allowed while the Deployment was gone and a pod of its ReplicaSet
+    /// was not deleted yet.
+    allowed_before_gc: bool,
+    /// A delete was denied.
+    denied: bool,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Action {
+    Replicate,
+    DeleteDeployment(Option<Finalizer>),
+    CreateBarePod,
+    DeleteBarePod,
+    Gc(GcStep),
+    KubeletRemoves(u8),
+    DeleteConfigMap,
+}
+
+/// The garbage collector's steps.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum GcStep {
+    /// An orphaning owner: its dependents lose their reference, then it goes.
+    Orphan,
+    /// A foreground owner: its dependents are deleted in the foreground, then it goes.
+    Foreground,
+    /// The ReplicaSet in the foreground: its pods are deleted, then it goes.
+    ReplicaSetForeground,
+    /// The ReplicaSet names a Deployment that is gone: it is deleted.
+    DanglingReplicaSet,
+    /// A pod names a ReplicaSet that is gone: it is deleted.
+    DanglingPod(u8),
+}
+
+/// How the guard's lookup reads the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reads {
+    /// As the server does: the store at the moment of the decision.
+    Quorum,
+    /// Broken: the pods LIST one step behind (a cache).
+    StaleList,
+    /// Broken: an owner's finalizers are not read, so an orphaning delete looks like a
+    /// background one.
+    NoFinalizers,
+}
+
+struct InUseModel {
+    reads: Reads,
+}
+
+impl Model for InUseModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let owned = |owner| Owner {
+            owner,
+            deleting: false,
+            finalizer: None,
+        };
+        let pod = Pod {
+            uid: 10,
+            owner: Some(REPLICA_SET),
+            deleting: false,
+        };
+        vec![State {
+            config_map: true,
+            deployment: Some(owned(None)),
+            replica_set: Some(owned(Some(DEPLOYMENT))),
+            pods: vec![pod],
+            stale_pods: vec![pod],
+            created: 1,
+            deployment_deleted: false,
+            bare_created: false,
+            users_at_delete: Vec::new(),
+            allowed_before_gc: false,
+            denied: false,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if let Some(replica_set) = state.replica_set {
+            let running = state
+                .pods
+                .iter()
+                .any(|pod| pod.owner == Some(REPLICA_SET) && !pod.deleting);
+            if !replica_set.deleting && !running && state.created < REPLICA_PODS {
+                actions.push(Action::Replicate);
+            }
+        }
+        if state.deployment.is_some() && !state.deployment_deleted {
+            for finalizer in [None, Some(Finalizer::Foreground), Some(Finalizer::Orphan)] {
+                actions.push(Action::DeleteDeployment(finalizer));
+            }
+        }
+        if !state.bare_created {
+            actions.push(Action::CreateBarePod);
+        }
+        if state.pods.iter().any(|pod| pod.uid == BARE_POD && !pod.deleting) {
+            actions.push(Action::DeleteBarePod);
+        }
+        actions.extend(gc_steps(state).into_iter().map(Action::Gc));
+        for pod in state.pods.iter().filter(|pod| pod.deleting) {
+            actions.push(Action::KubeletRemoves(pod.uid));
+        }
+        if state.config_map {
+            actions.push(Action::DeleteConfigMap);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        state.stale_pods = last.pods.clone();
+        match action {
+            Action::Replicate => {
+                state.pods.push(Pod {
+                    uid: 10 + state.created,
+                    owner: Some(REPLICA_SET),
+                    deleting: false,
+                });
+                state.created += 1;
+            }
+            Action::DeleteDeployment(finalizer) => {
+                state.deployment_deleted = true;
+                state.deployment = finalizer.map(|finalizer| Owner {
+                    owner: None,
+                    deleting: true,
+                    finalizer: Some(finalizer),
+                });
+            }
+            Action::CreateBarePod => {
+                state.bare_created = true;
+                state.pods.push(Pod {
+                    uid: BARE_POD,
+                    owner: None,
+                    deleting: false,
+                });
+            }
+            Action::DeleteBarePod => delete_pod(&mut state, BARE_POD),
+            Action::Gc(step) => gc(&mut state, step),
+            Action::KubeletRemoves(uid) => state.pods.retain(|pod| pod.uid != uid),
+            Action::DeleteConfigMap => {
+                let store = Store {
+                    state: last,
+                    reads: self.reads,
+                };
+                let request = ObjectDelete {
+                    kind: Kind::ConfigMap,
+                    namespace: "app",
+                    name: "settings",
+                    object: None,
+                    exempt: false,
+                };
+                let verdict = futures::executor::block_on(in_use::decide(&request, &store));
+                if !verdict.allowed {
+                    // Once is enough to show it: a retry changes nothing.
+                    state.denied = true;
+                    return (!last.denied).then_some(state);
+                }
+                state.config_map = false;
+                state.users_at_delete = last
+                    .pods
+                    .iter()
+                    .filter(|pod| !pod.deleting)
+                    .map(|pod| pod.uid)
+                    .collect();
+                state.allowed_before_gc = last.deployment.is_none()
+                    && last.replica_set.is_some()
+                    && last
+                        .pods
+                        .iter()
+                        .any(|pod| pod.owner == Some(REPLICA_SET) && !pod.deleting);
+            }
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(NO_STRANDED_POD, |_, state: &State| {
+                !settled(state) || !state.pods.iter().any(|pod| state.users_at_delete.contains(&pod.uid))
+            }),
+            Property::sometimes(ALLOWED_BEFORE_GC, |_, state: &State| state.allowed_before_gc),
+            Property::sometimes(DENIED, |_, state: &State| state.denied),
+        ]
+    }
+}
+
+const NO_STRANDED_POD: &str = "no pod that used the ConfigMap runs on once it is deleted";
+const ALLOWED_BEFORE_GC: &str = "the delete goes through before the garbage collector acts";
+const DENIED: &str = "a delete is denied";
+
+fn delete_pod(state: &mut State, uid: u8) {
+    for pod in state.pods.iter_mut().filter(|pod| pod.uid == uid) {
+        pod.deleting = true;
+    }
+}
+
+/// The garbage collector and the kubelet have nothing left to do.
+fn settled(state: &State) -> bool {
+    gc_steps(state).is_empty() && state.pods.iter().all(|pod| !pod.deleting)
+}
+
+fn gc_steps(state: &State) -> Vec<GcStep> {
+    let mut steps = Vec::new();
+    match state.deployment.and_then(|deployment| deployment.finalizer) {
+        Some(Finalizer::Orphan) => steps.push(GcStep::Orphan),
+        Some(Finalizer::Foreground) => steps.push(GcStep::Foreground),
+        None => {}
+    }
+    if let Some(replica_set) = state.replica_set {
+        if replica_set.finalizer == Some(Finalizer::Foreground) {
+            steps.push(GcStep::ReplicaSetForeground);
+        }
+        if replica_set.owner == Some(DEPLOYMENT) && state.deployment.is_none() && !replica_set.deleting {
+            steps.push(GcStep::DanglingReplicaSet);
+        }
+    }
+    for pod in &state.pods {
+        if pod.owner == Some(REPLICA_SET) && state.replica_set.is_none() && !pod.deleting {
+            steps.push(GcStep::DanglingPod(pod.uid));
+        }
+    }
+    steps
+}
+
+fn gc(state: &mut State, step: GcStep) {
+    match step {
+        GcStep::Orphan => match &mut state.replica_set {
+            Some(replica_set) if replica_set.owner == Some(DEPLOYMENT) => replica_set.owner = None,
+            _ => state.deployment = None,
+        },
+        GcStep::Foreground => match &mut state.replica_set {
+            Some(replica_set) if replica_set.owner == Some(DEPLOYMENT) && !replica_set.deleting => {
+                replica_set.deleting = true;
+                replica_set.finalizer = Some(Finalizer::Foreground);
+            }
+            Some(replica_set) if replica_set.owner == Some(DEPLOYMENT) => {}
+            _ => state.deployment = None,
+        },
+        GcStep::ReplicaSetForeground => {
+            let owned: Vec<u8> = state
+                .pods
+                .iter()
+                .filter(|pod| pod.owner == Some(REPLICA_SET))
+                .map(|pod| pod.uid)
+                .collect();
+            if owned.is_empty() {
+                state.replica_set = None;
+            } else {
+                owned.into_iter().for_each(|uid| delete_pod(state, uid));
+            }
+        }
+        GcStep::DanglingReplicaSet => state.replica_set = None,
+        GcStep::DanglingPod(uid) => delete_pod(state, uid),
+    }
+}
+
+/// The model's store as the guard's reads see it.
+struct Store<'a> {
+    state: &'a State,
+    reads: Reads,
+}
+
+fn reference(kind: &str, name: &str, uid: u8) -> OwnerReference {
+    OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.to_string(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    }
+}
+
+impl Store<'_> {
+    fn pod(pod: &Pod) -> Dependent {
+        Dependent {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: format!("pod-{}", pod.uid),
+            uid: pod.uid.to_string(),
+            deleting: pod.deleting,
+            owners: pod
+                .owner
+                .map(|_| reference("ReplicaSet", "web-rs", REPLICA_SET))
+                .into_iter()
+                .collect(),
+            ..Dependent::default()
+        }
+    }
+
+    fn owner(&self, kind: &str, name: &str, uid: u8, owner: &Owner) -> Dependent {
+        let finalizers = match (owner.finalizer, self.reads) {
+            (_, Reads::NoFinalizers) | (None, _) => Vec::new(),
+            (Some(Finalizer::Orphan), _) => vec!["orphan".to_owned()],
+            (Some(Finalizer::Foreground), _) => vec!["foregroundDeletion".to_owned()],
+        };
+        Dependent {
+            api_version: "apps/v1".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.to_string(),
+            deleting: owner.deleting,
+            finalizers,
+            owners: owner
+                .owner
+                .map(|_| reference("Deployment", "web", DEPLOYMENT))
+                .into_iter()
+                .collect(),
+            ..Dependent::default()
+        }
+    }
+}
+
+#[async_trait]
+impl InUseLookup for Store<'_> {
+    async fn users(&self, _: &str, _: Kind, _: &str) -> cds_secret_guard::Result<Vec<Dependent>> {
+        let pods = match self.reads {
+            Reads::StaleList => &self.state.stale_pods,
+            Reads::Quorum | Reads::NoFinalizers => &self.state.pods,
+        };
+        Ok(pods.iter().map(Store::pod).collect())
+    }
+
+    async fn object(&self, _: &str, _: &str, kind: &str, name: &str) -> cds_secret_guard::Result<Option<Dependent>> {
+        Ok(match (kind, name) {
+            ("Deployment", "web") => self
+                .state
+                .deployment
+                .map(|owner| self.owner(kind, name, DEPLOYMENT, &owner)),
+            ("ReplicaSet", "web-rs") => self
+                .state
+                .replica_set
+                .map(|owner| self.owner(kind, name, REPLICA_SET, &owner)),
+            ("Pod", name) => self
+                .state
+                .pods
+                .iter()
+                .find(|pod| format!("pod-{}", pod.uid) == name)
+                .map(Store::pod),
+            _ => None,
+        })
+    }
+
+    async fn namespace_terminating(&self, _: &str) -> cds_secret_guard::Result<bool> {
+        Ok(false)
+    }
+}
+
+fn check(reads: Reads) -> impl Checker<InUseModel> {
+    InUseModel { reads }.checker().spawn_bfs().join()
+}
+
+#[test]
+fn no_delete_strands_a_pod_and_helm_uninstall_goes_through() {
+    let checker = check(Reads::Quorum);
+    println!(
+        "in-use model: {} states ({} unique), depth {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth()
+    );
+    checker.assert_properties();
+}
+
+#[test]
+fn a_stale_pod_list_strands_a_pod() {
+    let checker = check(Reads::StaleList);
+    let path = checker
+        .discovery(NO_STRANDED_POD)
+        .expect("the model catches a stale LIST");
+    println!("stale LIST: {:?}", path.into_actions());
+}
+
+#[test]
+fn an_orphaning_delete_read_without_its_finalizer_strands_a_pod() {
+    let checker = check(Reads::NoFinalizers);
+    let path = checker
+        .discovery(NO_STRANDED_POD)
+        .expect("the model catches an orphaning delete taken for a cascade");
+    println!("no finalizers: {:?}", path.into_actions());
+}
