@@ -36,6 +36,8 @@ docker_install() {
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		docker.io debootstrap >/dev/null
+	# Debian's CLI now exists: prefer it to the one found on the PATH before the install.
+	if [[ -x /usr/bin/docker ]]; then docker_cli=/usr/bin/docker; fi
 }
 
 # The host's engine: DOCKER_HOST's, or the default socket's; empty when none answers.
