@@ -64,7 +64,11 @@ pub const WORKLOAD_KINDS: [(&str, &str); 7] = [
 ];
 /// How many owners up a chain is followed; past it, the pod stays.
 const CHAIN_DEPTH: usize = 4;
-/// How many pods a denial names.
+/// An object with more owners than this stays, unread: real ones have one, and each
+/// owner may cost reads.
+const MAX_OWNERS: usize = 8;
+/// How many pods that stay a denial finds and names; the other users are counted, not
+/// followed to their owners.
 const NAMED_PODS: usize = 3;
 /// The finalizer of an owner whose dependents the garbage collector is deleting.
 const FOREGROUND_DELETION: &str = "foregroundDeletion";
@@ -161,8 +165,17 @@ pub struct Verdict {
     pub reason: Reason,
     /// What a `kubectl delete` user is told.
     pub message: String,
-    /// The pods that keep the object, when some do.
+    /// The pods found to keep the object (the first few by name), when some do.
     pub pods: Vec<String>,
+}
+
+/// The pods that use the object and stay, as far as a decision looks.
+#[derive(Debug, Default)]
+struct Staying {
+    /// The first [`NAMED_PODS`] by name.
+    names: Vec<String>,
+    /// The users after them, not followed.
+    more: usize,
 }
 
 /// Applies the rules to one delete. Every read goes through `lookup`; its deadline, if
@@ -190,8 +203,8 @@ pub async fn decide(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Ver
     }
 
     let verdict = match staying_users(request, lookup).await {
-        Ok(pods) if pods.is_empty() => Verdict::allow(Reason::Unused, format!("no pod uses {what}")),
-        Ok(pods) => in_use(request, pods),
+        Ok(staying) if staying.names.is_empty() => Verdict::allow(Reason::Unused, format!("no pod uses {what}")),
+        Ok(staying) => in_use(request, staying),
         Err(error) => Verdict::deny(
             Reason::LookupFailed,
             format!("cannot verify that no pod uses {what} ({error}); refusing to delete it"),
@@ -209,31 +222,37 @@ pub async fn decide(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Ver
     }
 }
 
-/// The names of the pods that use the object and stay: those a watch shows if any stays
-/// (no LIST), else those of one quorum LIST.
-async fn staying_users(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> crate::Result<Vec<String>> {
+/// The pods that use the object and stay: those a watch shows if any stays (no LIST),
+/// else those of one quorum LIST.
+async fn staying_users(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> crate::Result<Staying> {
     let (kind, namespace, name) = (request.kind, request.namespace, request.name);
     let cached = staying(lookup, namespace, lookup.cached_users(namespace, kind, name)).await;
-    if let Ok(pods) = cached
-        && !pods.is_empty()
+    if let Ok(found) = cached
+        && !found.names.is_empty()
     {
-        return Ok(pods);
+        return Ok(found);
     }
     let users = lookup.users(namespace, kind, name).await?;
     staying(lookup, namespace, users).await
 }
 
-/// The names of `pods` that are not terminal and not leaving.
-async fn staying(lookup: &dyn InUseLookup, namespace: &str, pods: Vec<Dependent>) -> crate::Result<Vec<String>> {
-    let mut names = Vec::new();
-    for pod in pods.into_iter().filter(|pod| !pod.terminal) {
-        if !leaving(lookup, namespace, &pod, CHAIN_DEPTH).await? {
-            names.push(pod.name);
+/// The first [`NAMED_PODS`] of `pods`, by name, that are not terminal and not leaving,
+/// and how many users follow them.
+async fn staying(lookup: &dyn InUseLookup, namespace: &str, mut pods: Vec<Dependent>) -> crate::Result<Staying> {
+    pods.retain(|pod| !pod.terminal);
+    pods.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    pods.dedup_by(|a, b| a.name == b.name);
+    let mut found = Staying::default();
+    for (i, pod) in pods.iter().enumerate() {
+        if !leaving(lookup, namespace, pod, CHAIN_DEPTH).await? {
+            found.names.push(pod.name.clone());
+            if found.names.len() == NAMED_PODS {
+                found.more = pods.len() - i - 1;
+                break;
+            }
         }
     }
-    names.sort_unstable();
-    names.dedup();
-    Ok(names)
+    Ok(found)
 }
 
 /// Whether `object` is being deleted, or the garbage collector will delete it: it has
@@ -248,7 +267,7 @@ fn leaving<'a>(
         if object.deleting {
             return Ok(true);
         }
-        if object.owners.is_empty() || depth == 0 {
+        if object.owners.is_empty() || object.owners.len() > MAX_OWNERS || depth == 0 {
             return Ok(false);
         }
         for owner in &object.owners {
@@ -307,17 +326,13 @@ async fn takes_along(
     }
 }
 
-fn in_use(request: &ObjectDelete<'_>, pods: Vec<String>) -> Verdict {
+fn in_use(request: &ObjectDelete<'_>, staying: Staying) -> Verdict {
     let what = Subject(request.kind, request.name);
-    let named = pods
-        .iter()
-        .take(NAMED_PODS)
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .join(", ");
-    let more = match pods.len().saturating_sub(NAMED_PODS) {
+    let named = staying.names.join(", ");
+    let more = match staying.more {
         0 => String::new(),
-        more => format!(" and {more} more"),
+        1 => " (and 1 more pod names it)".to_owned(),
+        more => format!(" (and {more} more pods name it)"),
     };
     let message = format!(
         "{what} is in use by pod {named}{more} in namespace {}; delete or scale down what uses it first, \
@@ -325,7 +340,7 @@ fn in_use(request: &ObjectDelete<'_>, pods: Vec<String>) -> Verdict {
         request.namespace
     );
     Verdict {
-        pods,
+        pods: staying.names,
         ..Verdict::deny(Reason::InUse, message)
     }
 }
@@ -528,12 +543,27 @@ mod tests {
             .into_iter()
             .fold(Fake::default(), |fake, name| fake.using(pod(name, &[])));
         let verdict = delete(&lookup).await;
-        assert_eq!(verdict.pods, ["a", "b", "c", "d", "e"]);
+        assert_eq!(verdict.pods, ["a", "b", "c"]);
         assert!(
-            verdict.message.contains("by pod a, b, c and 2 more in"),
+            verdict
+                .message
+                .contains("by pod a, b, c (and 2 more pods name it) in namespace app"),
             "{}",
             verdict.message
         );
+    }
+
+    #[tokio::test]
+    async fn a_pod_with_more_owners_than_any_workload_stays_unread() {
+        let owners: Vec<Dependent> = (0..=MAX_OWNERS)
+            .map(|i| object("apps/v1", "ReplicaSet", &format!("gone-{i}"), &[]))
+            .collect();
+        let many = pod("many", &owners.iter().collect::<Vec<_>>());
+        let lookup = Fake {
+            objects_fail: true,
+            ..Fake::default().using(many)
+        };
+        assert_eq!(delete(&lookup).await.reason, Reason::InUse, "no owner was read");
     }
 
     #[tokio::test]
