@@ -201,6 +201,69 @@ fn secret_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectM
     })
 }
 
+/// A Secret or ConfigMap as `/validate-in-use` reads it: its name, uid and the force
+/// annotation. Its data and every other annotation are skipped, never built: kubectl's
+/// `last-applied-configuration` holds a copy of the data.
+#[derive(Debug, Default, Deserialize)]
+pub struct InUseObject {
+    /// Name, uid and, when set, the force annotation alone.
+    #[serde(default, deserialize_with = "in_use_metadata")]
+    pub metadata: ObjectMeta,
+}
+
+#[derive(Deserialize)]
+struct InUseMetadata {
+    name: Option<String>,
+    uid: Option<String>,
+    #[serde(default, deserialize_with = "force_annotation")]
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
+fn in_use_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
+    let kept = InUseMetadata::deserialize(deserializer)?;
+    Ok(ObjectMeta {
+        name: kept.name,
+        uid: kept.uid,
+        annotations: kept.annotations,
+        ..ObjectMeta::default()
+    })
+}
+
+/// The annotations map with only [`FORCE_ANNOTATION`](crate::in_use::FORCE_ANNOTATION)
+/// kept; `None` without it.
+fn force_annotation<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::collections::BTreeMap<String, String>>, D::Error> {
+    struct Visitor;
+
+    impl<'de> de::Visitor<'de> for Visitor {
+        type Value = Option<std::collections::BTreeMap<String, String>>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of annotations")
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut kept = None;
+            while let Some(key) = map.next_key::<Text<'de>>()? {
+                if *key == *crate::in_use::FORCE_ANNOTATION {
+                    let why: String = map.next_value()?;
+                    kept = Some(std::collections::BTreeMap::from([(key.0.into_owned(), why)]));
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(kept)
+        }
+    }
+
+    deserializer.deserialize_any(Visitor)
+}
+
 /// The AdmissionReview envelope as it arrives, each field read once.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -615,6 +678,39 @@ mod tests {
         ] {
             assert!(!kept.contains(skipped), "{skipped} was kept: {kept}");
         }
+    }
+
+    #[test]
+    fn an_in_use_delete_keeps_the_force_annotation_alone() {
+        let force = crate::in_use::FORCE_ANNOTATION;
+        let review = set(
+            secret_delete(),
+            "/request/oldObject/metadata/annotations",
+            json!({
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"CDS_CONFIG\":\"dG9wLXNlY3JldA==\"}}",
+                force: "INC-42",
+                "note": {"not": "a string"},
+            }),
+        );
+        let body = bytes(&review);
+        let request = decode::<InUseObject>(&body).unwrap();
+        let object = &request.old_object.as_ref().unwrap().metadata;
+        assert_eq!(
+            (object.name.as_deref(), object.uid.as_deref()),
+            (Some("cds-worker-config-w1"), Some("secret-uid"))
+        );
+        assert_eq!(
+            object.annotations,
+            Some([(force.to_owned(), "INC-42".to_owned())].into())
+        );
+        let kept = format!("{request:?}");
+        for skipped in ["dG9wLXNlY3JldA==", "last-applied", "CDS_WORKER_NAME", "f:data"] {
+            assert!(!kept.contains(skipped), "{skipped} was kept: {kept}");
+        }
+
+        let body = bytes(&remove(secret_delete(), "/request/oldObject/metadata/annotations"));
+        let request = decode::<InUseObject>(&body).unwrap();
+        assert_eq!(request.old_object.unwrap().metadata.annotations, None);
     }
 
     #[test]

@@ -23,11 +23,13 @@ pub use state::AppState;
 
 use crate::admission::{ApiError, RequestDeadline};
 
-/// The admission routes, `/validate` and `/mutate`, behind the request limits.
+/// The admission routes, `/validate`, `/mutate` and `/validate-in-use`, behind the
+/// request limits.
 pub fn admission_router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/validate", post(handlers::validate))
         .route("/mutate", post(handlers::mutate))
+        .route("/validate-in-use", post(handlers::validate_in_use))
         .layer(DefaultBodyLimit::max(state.limits.body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), admit))
         .with_state(state)

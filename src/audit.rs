@@ -1,9 +1,10 @@
-//! The audit trail of secret-delete decisions: one structured log line per decision on
-//! a worker secret, and the `auditAnnotations` the apiserver writes to its audit log.
-//! Only metadata is ever recorded: secret data never reaches this module.
+//! The audit trail of delete decisions: one structured log line per decision on a worker
+//! secret or on an opted-in Secret or ConfigMap, and the `auditAnnotations` the apiserver
+//! writes to its audit log. Only metadata is ever recorded: object data never reaches
+//! this module.
 //!
 //! A cleanup loop can ask for the same refused delete thousands of times. The first of a
-//! run of identical decisions (same secret, decision, reason, requester, dry run) is
+//! run of identical decisions (same object, decision, reason, requester, dry run) is
 //! written at once; the repeats within the window are counted and written as one summary
 //! line (`repeated`, `first_seen`, `last_seen`) when the window closes. Nothing is
 //! dropped without a line that counts it.
@@ -17,12 +18,25 @@ use std::{
 use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
-use crate::policy::{SecretDelete, Verdict};
+use crate::{
+    in_use::{self, ObjectDelete},
+    policy::{SecretDelete, Verdict},
+    references::Kind,
+};
 
 /// The log target of audit lines; `RUST_LOG` does not filter it (see [`crate::telemetry`]).
 pub const TARGET: &str = "cds_secret_guard::audit";
 
-/// Who asked, as the audit line records it.
+/// The requesting user, as the audit line records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Who<'a> {
+    /// The user name.
+    pub username: Option<&'a str>,
+    /// The user's groups.
+    pub groups: &'a [String],
+}
+
+/// Which request asked, as the audit line records it.
 #[derive(Debug, Clone, Copy)]
 pub struct Requester<'a> {
     /// The AdmissionReview request uid.
@@ -42,11 +56,20 @@ pub struct AuditLog {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     namespace: String,
-    secret: String,
+    object: Subject,
     decision: &'static str,
     reason: &'static str,
     user: Option<String>,
     dry_run: bool,
+}
+
+/// What a decision was on, by which rules.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Subject {
+    /// A worker secret, under the CDS rules.
+    WorkerSecret(String),
+    /// An opted-in Secret or ConfigMap, under in-use protection.
+    InUse(Kind, String),
 }
 
 /// The repeats of a decision since its last line.
@@ -87,12 +110,39 @@ impl AuditLog {
         }
         let key = Key {
             namespace: request.namespace.to_owned(),
-            secret: request.name.to_owned(),
+            object: Subject::WorkerSecret(request.name.to_owned()),
             decision: outcome(verdict.allowed, enforced),
             reason: verdict.reason.code(),
             user: request.username.map(str::to_owned),
             dry_run: requester.dry_run,
         };
+        self.once_per_window(key, || line(request, requester, verdict, enforced));
+    }
+
+    /// Records a decision on an opted-in Secret or ConfigMap, allowed or not (everything
+    /// sent to in-use protection was opted in), as [`AuditLog::record`] does.
+    pub fn record_in_use(
+        &self,
+        request: &ObjectDelete<'_>,
+        who: Who<'_>,
+        requester: Requester<'_>,
+        verdict: &in_use::Verdict,
+        enforced: bool,
+    ) {
+        let key = Key {
+            namespace: request.namespace.to_owned(),
+            object: Subject::InUse(request.kind, request.name.to_owned()),
+            decision: outcome(verdict.allowed, enforced),
+            reason: verdict.reason.code(),
+            user: who.username.map(str::to_owned),
+            dry_run: requester.dry_run,
+        };
+        self.once_per_window(key, || in_use_line(request, who, requester, verdict, enforced));
+    }
+
+    /// Writes the line of a decision through `write`, unless it repeats one written within
+    /// the window: then it is counted, for the summary.
+    fn once_per_window(&self, key: Key, write: impl FnOnce()) {
         let now = Instant::now();
         let previous = {
             let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -118,7 +168,7 @@ impl AuditLog {
         if let Some(previous) = previous {
             summary(&key, &previous);
         }
-        line(request, requester, verdict, enforced);
+        write();
     }
 
     /// Writes the summaries of the windows that have closed.
@@ -189,25 +239,72 @@ fn line(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict,
     );
 }
 
+/// The line of one in-use decision.
+fn in_use_line(
+    request: &ObjectDelete<'_>,
+    who: Who<'_>,
+    requester: Requester<'_>,
+    verdict: &in_use::Verdict,
+    enforced: bool,
+) {
+    tracing::info!(
+        target: TARGET,
+        audit = true,
+        rules = "in-use",
+        namespace = request.namespace,
+        kind = request.kind.as_str(),
+        object = request.name,
+        decision = outcome(verdict.allowed, enforced),
+        reason = verdict.reason.code(),
+        pods = %verdict.pods.join(","),
+        user = who.username,
+        groups = %who.groups.join(","),
+        request_uid = requester.uid,
+        dry_run = requester.dry_run,
+        detail = %verdict.message,
+        "in-use delete {}", outcome(verdict.allowed, enforced),
+    );
+}
+
 /// The line that accounts for the repeats of a decision, if there were any.
 fn summary(key: &Key, repeats: &Repeats) {
     if repeats.count == 0 {
         return;
     }
-    tracing::info!(
-        target: TARGET,
-        audit = true,
-        namespace = key.namespace,
-        secret = key.secret,
-        decision = key.decision,
-        reason = key.reason,
-        user = key.user.as_deref(),
-        dry_run = key.dry_run,
-        repeated = repeats.count,
-        first_seen = repeats.first.map(|t| t.to_string()),
-        last_seen = repeats.last.map(|t| t.to_string()),
-        "secret delete {} repeated {} times", key.decision, repeats.count,
-    );
+    let first_seen = repeats.first.map(|t| t.to_string());
+    let last_seen = repeats.last.map(|t| t.to_string());
+    match &key.object {
+        Subject::WorkerSecret(secret) => tracing::info!(
+            target: TARGET,
+            audit = true,
+            namespace = key.namespace,
+            secret,
+            decision = key.decision,
+            reason = key.reason,
+            user = key.user.as_deref(),
+            dry_run = key.dry_run,
+            repeated = repeats.count,
+            first_seen,
+            last_seen,
+            "secret delete {} repeated {} times", key.decision, repeats.count,
+        ),
+        Subject::InUse(kind, object) => tracing::info!(
+            target: TARGET,
+            audit = true,
+            rules = "in-use",
+            namespace = key.namespace,
+            kind = kind.as_str(),
+            object,
+            decision = key.decision,
+            reason = key.reason,
+            user = key.user.as_deref(),
+            dry_run = key.dry_run,
+            repeated = repeats.count,
+            first_seen,
+            last_seen,
+            "in-use delete {} repeated {} times", key.decision, repeats.count,
+        ),
+    }
 }
 
 /// The annotations a denial (or a warning) leaves in the apiserver's audit log. The
@@ -227,6 +324,21 @@ pub fn annotations(verdict: &Verdict) -> Vec<(&'static str, String)> {
     }
     if let Some(age) = verdict.age {
         annotations.push(("secret-age", format!("{}s", age.as_secs())));
+    }
+    annotations
+}
+
+/// The annotations an in-use denial, or a forced delete, leaves in the apiserver's audit
+/// log.
+pub fn in_use_annotations(verdict: &in_use::Verdict) -> Vec<(&'static str, String)> {
+    let decision = if verdict.allowed { "allow" } else { "deny" };
+    let mut annotations = vec![
+        ("decision", decision.to_owned()),
+        ("reason", verdict.reason.code().to_owned()),
+        ("message", verdict.message.clone()),
+    ];
+    if !verdict.pods.is_empty() {
+        annotations.push(("pods", verdict.pods.join(",")));
     }
     annotations
 }

@@ -90,6 +90,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub lease: LeaseArgs,
 
+    /// Decide on the deletes of opted-in Secrets and ConfigMaps (`/validate-in-use`):
+    /// denied while a pod that stays uses them. Register its webhooks with `webhooks
+    /// --in-use-protection`; the guard then also reads the workloads owning those pods.
+    #[arg(long, env = "CDS_GUARD_IN_USE_PROTECTION")]
+    pub in_use_protection: bool,
+
     /// `enforce` denies; `warn` allows but returns the reasons as warnings.
     #[arg(long, env = "CDS_GUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
@@ -329,6 +335,12 @@ pub struct WebhooksArgs {
     #[command(flatten)]
     pub scope: ScopeArgs,
 
+    /// Also register in-use protection (`/validate-in-use`): the deletes of Secrets and
+    /// ConfigMaps labelled, or in a namespace labelled,
+    /// `cds-secret-guard/in-use-protection=enabled`.
+    #[arg(long)]
+    pub in_use_protection: bool,
+
     /// Seconds the apiserver waits for the guard on a secret delete (at most 5).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=5))]
     pub timeout_seconds: i32,
@@ -460,6 +472,7 @@ impl ServeArgs {
                 mode: self.mode,
             },
             lease: self.lease.config(),
+            in_use_protection: self.in_use_protection,
         }
     }
 }

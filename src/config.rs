@@ -32,6 +32,9 @@ pub struct Config {
     /// The Lease that elects the one replica doing the adoption work; without one, every
     /// replica does it.
     pub lease: Option<crate::lease::LeaseConfig>,
+    /// Whether `/validate-in-use` decides (in-use protection of opted-in Secrets and
+    /// ConfigMaps); off, it denies what reaches it, saying so.
+    pub in_use_protection: bool,
 }
 
 /// What any client of the admission port may hold at once. Memory under abuse is bounded

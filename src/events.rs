@@ -1,5 +1,6 @@
-//! Kubernetes Events on worker secrets, so that `kubectl describe secret` says why a
-//! secret is still there (`DeleteDenied`) and which pod owns it (`Adopted`).
+//! Kubernetes Events on the objects the guard keeps, so that `kubectl describe` says why
+//! a worker secret (or an opted-in Secret or ConfigMap) is still there (`DeleteDenied`)
+//! and which pod owns a worker secret (`Adopted`).
 //!
 //! An Event is a side effect, never part of the answer: the handlers and the reconciler
 //! hand a note to a bounded queue and go on; one task publishes through kube's event
@@ -36,9 +37,11 @@ pub struct Events {
     metrics: Option<Arc<Metrics>>,
 }
 
-/// The secret a refused delete was for.
+/// The object a refused delete was for.
 #[derive(Debug, Clone, Copy)]
-pub struct SecretRef<'a> {
+pub struct DeletedRef<'a> {
+    /// `Secret` or `ConfigMap`.
+    pub kind: &'static str,
     /// Its namespace.
     pub namespace: &'a str,
     /// Its name.
@@ -47,10 +50,10 @@ pub struct SecretRef<'a> {
     pub uid: Option<&'a str>,
 }
 
-/// What happened to a secret.
+/// What happened to an object.
 #[derive(Debug)]
 struct Note {
-    secret: ObjectReference,
+    object: ObjectReference,
     reason: &'static str,
     /// Also the event series key: one series per kind of refusal.
     action: String,
@@ -78,14 +81,17 @@ impl Events {
         }
     }
 
-    /// A delete of `secret` was refused, for `reason` (a rule's code). Nothing is built
+    /// A delete of `object` was refused, for `reason` (a rule's code). Nothing is built
     /// when there is nowhere to send it.
-    pub fn delete_denied(&self, secret: SecretRef<'_>, reason: &str, message: &str) {
+    pub fn delete_denied(&self, object: DeletedRef<'_>, reason: &str, message: &str) {
         if self.queue.is_none() {
             return;
         }
         self.send(Note {
-            secret: secret_reference(secret.namespace, secret.name, secret.uid),
+            object: ObjectReference {
+                kind: Some(object.kind.to_owned()),
+                ..secret_reference(object.namespace, object.name, object.uid)
+            },
             reason: "DeleteDenied",
             action: deny_action(reason),
             message: message.to_owned(),
@@ -101,7 +107,7 @@ impl Events {
             pod.uid.as_deref().unwrap_or_default()
         );
         self.send(Note {
-            secret,
+            object: secret,
             reason: "Adopted",
             action: "AddOwnerReference".to_owned(),
             message,
@@ -138,12 +144,14 @@ fn deny_action(reason: &str) -> String {
 
 /// Publishes the queued notes, each at most once per [`REPEAT_INTERVAL`].
 async fn publish(recorder: Recorder, mut notes: mpsc::Receiver<Note>) {
-    let mut published: HashMap<(Option<String>, Option<String>, String), Instant> = HashMap::new();
+    type Key = (Option<String>, Option<String>, Option<String>, String);
+    let mut published: HashMap<Key, Instant> = HashMap::new();
     while let Some(note) = notes.recv().await {
         let now = Instant::now();
         let key = (
-            note.secret.namespace.clone(),
-            note.secret.name.clone(),
+            note.object.kind.clone(),
+            note.object.namespace.clone(),
+            note.object.name.clone(),
             note.action.clone(),
         );
         if published
@@ -167,8 +175,8 @@ async fn publish(recorder: Recorder, mut notes: mpsc::Receiver<Note>) {
             action: note.action,
             secondary: note.related,
         };
-        if let Err(error) = recorder.publish(&event, &note.secret).await {
-            tracing::warn!(%error, secret = note.secret.name.as_deref(), "cannot record an event");
+        if let Err(error) = recorder.publish(&event, &note.object).await {
+            tracing::warn!(%error, kind = note.object.kind.as_deref(), object = note.object.name.as_deref(), "cannot record an event");
         }
     }
 }

@@ -18,6 +18,25 @@ pub enum Kind {
     ConfigMap,
 }
 
+impl Kind {
+    /// The kind as the API names it: `Secret`, `ConfigMap`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Secret => "Secret",
+            Self::ConfigMap => "ConfigMap",
+        }
+    }
+
+    /// The kind the API calls `kind`, if it is one of these.
+    pub fn of(kind: &str) -> Option<Self> {
+        match kind {
+            "Secret" => Some(Self::Secret),
+            "ConfigMap" => Some(Self::ConfigMap),
+            _ => None,
+        }
+    }
+}
+
 /// One name a pod's spec gives to a Secret or ConfigMap of its namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reference<'a> {

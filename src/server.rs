@@ -42,6 +42,7 @@ use crate::{
     api::{self, AppState},
     config::Limits,
     events::Events,
+    in_use::{InUseLookup, KubeInUse},
     lease::{Elector, Leadership},
     lookup::{ClusterLookup, KubeLookup, Unavailable},
     metrics::Metrics,
@@ -115,17 +116,19 @@ impl Server {
                     leadership,
                     elector,
                 };
+                let in_use = Arc::new(KubeInUse::new(client.clone()));
                 let (lookup, namespaces) = KubeLookup::new(client)
                     .with_pod_cache(pods, metrics.clone())
                     .watching_namespaces(&config.policy.namespaces);
                 tokio::spawn(namespaces);
-                let mut server = Self::build(config, Arc::new(lookup), metrics, events, Some(adoption));
+                let mut server = Self::build(config, Arc::new(lookup), in_use, metrics, events, Some(adoption));
                 server.client = Some(client_for_renewal);
                 server
             }
             Err(error) => {
                 tracing::error!(%error, "no Kubernetes client: every worker-secret delete will be denied");
-                Self::new(config, Arc::new(Unavailable(error.to_string())))
+                let unavailable = Arc::new(Unavailable(error.to_string()));
+                Self::with_in_use(config, unavailable.clone(), unavailable)
             }
         }
     }
@@ -133,17 +136,31 @@ impl Server {
     /// Builds the server with the given cluster reads (tests pass a fake), without a
     /// reconciler or Events.
     pub fn new(config: Config, lookup: Arc<dyn ClusterLookup>) -> Self {
-        Self::build(config, lookup, Arc::new(Metrics::default()), Events::default(), None)
+        let in_use = Arc::new(Unavailable("no in-use reads given".to_owned()));
+        Self::with_in_use(config, lookup, in_use)
+    }
+
+    /// Builds the server with the given cluster reads and in-use protection's reads.
+    pub fn with_in_use(config: Config, lookup: Arc<dyn ClusterLookup>, in_use: Arc<dyn InUseLookup>) -> Self {
+        Self::build(
+            config,
+            lookup,
+            in_use,
+            Arc::new(Metrics::default()),
+            Events::default(),
+            None,
+        )
     }
 
     fn build(
         config: Config,
         lookup: Arc<dyn ClusterLookup>,
+        in_use: Arc<dyn InUseLookup>,
         metrics: Arc<Metrics>,
         events: Events,
         adoption: Option<Adoption>,
     ) -> Self {
-        let state = Arc::new(AppState::new(&config, lookup, metrics, events));
+        let state = Arc::new(AppState::new(&config, lookup, in_use, metrics, events));
         Self {
             config,
             state,

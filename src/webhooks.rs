@@ -1,6 +1,8 @@
 //! `cds-secret-guard webhooks`: the webhook configurations, for a guard reachable at a
 //! URL (outside the cluster, such as on the local control plane) or through a Service
-//! (in the cluster: `manifests/base/webhooks.yaml` is this command's output).
+//! (in the cluster: `manifests/base/webhooks.yaml` is this command's output). With
+//! `--in-use-protection`, the validating configuration holds in-use protection's two
+//! webhooks as well: one for opted-in namespaces, one for opted-in objects elsewhere.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +18,7 @@ use k8s_openapi::{
 use crate::{
     Error, Result,
     cli::{WebhooksArgs, non_empty},
+    in_use::{OPT_IN_LABEL, OPT_IN_VALUE, ROOT_CA},
 };
 
 /// Name of both configurations.
@@ -78,29 +81,62 @@ pub fn configurations(
         non_empty(args.scope.exempt_users.clone()),
         non_empty(args.scope.exempt_groups.clone()),
     );
-    if let Some(expression) = not_exempt_expression(&users, &groups) {
-        secret_conditions.push(MatchCondition {
-            name: "not-exempt".to_owned(),
-            expression,
-        });
-    }
+    let not_exempt = not_exempt_expression(&users, &groups).map(|expression| MatchCondition {
+        name: "not-exempt".to_owned(),
+        expression,
+    });
+    secret_conditions.extend(not_exempt.clone());
 
-    let validating = ValidatingWebhookConfiguration {
-        metadata: metadata.clone(),
-        webhooks: Some(vec![ValidatingWebhook {
-            name: "secret-deletes.cds-secret-guard.io".to_owned(),
-            client_config: client("/validate"),
-            rules: Some(vec![rule("DELETE", "secrets")]),
+    let mut validating_webhooks = vec![ValidatingWebhook {
+        name: "secret-deletes.cds-secret-guard.io".to_owned(),
+        client_config: client("/validate"),
+        rules: Some(vec![rule("DELETE", "secrets")]),
+        failure_policy: Some("Fail".to_owned()),
+        // A denial records an Event on the secret; a dry run records nothing.
+        side_effects: "NoneOnDryRun".to_owned(),
+        timeout_seconds: Some(args.timeout_seconds),
+        admission_review_versions: vec!["v1".to_owned()],
+        match_policy: Some("Equivalent".to_owned()),
+        namespace_selector: Some(namespaces.clone()),
+        match_conditions: Some(secret_conditions),
+        ..Default::default()
+    }];
+    if args.in_use_protection {
+        let mut conditions = vec![MatchCondition {
+            name: "not-root-ca".to_owned(),
+            expression: not_root_ca_expression(),
+        }];
+        conditions.extend(not_exempt);
+        let webhook = |name: &str, namespace_selector, object_selector| ValidatingWebhook {
+            name: name.to_owned(),
+            client_config: client("/validate-in-use"),
+            rules: Some(vec![rule("DELETE", "secrets"), rule("DELETE", "configmaps")]),
             failure_policy: Some("Fail".to_owned()),
-            // A denial records an Event on the secret; a dry run records nothing.
             side_effects: "NoneOnDryRun".to_owned(),
             timeout_seconds: Some(args.timeout_seconds),
             admission_review_versions: vec!["v1".to_owned()],
             match_policy: Some("Equivalent".to_owned()),
-            namespace_selector: Some(namespaces.clone()),
-            match_conditions: Some(secret_conditions),
+            namespace_selector: Some(namespace_selector),
+            object_selector: object_selector,
+            match_conditions: Some(conditions.clone()),
             ..Default::default()
-        }]),
+        };
+        let (namespaces_opted_in, objects_opted_in) = in_use_selectors(&namespaces);
+        validating_webhooks.push(webhook(
+            "in-use-namespaces.cds-secret-guard.io",
+            namespaces_opted_in,
+            None,
+        ));
+        validating_webhooks.push(webhook(
+            "in-use-objects.cds-secret-guard.io",
+            objects_opted_in,
+            Some(opted_in()),
+        ));
+    }
+
+    let validating = ValidatingWebhookConfiguration {
+        metadata: metadata.clone(),
+        webhooks: Some(validating_webhooks),
     };
     let mutating = MutatingWebhookConfiguration {
         metadata,
@@ -145,6 +181,47 @@ fn namespace_selector(guard_namespace: &str, namespaces: &[String]) -> LabelSele
         }]),
         match_labels: None,
     }
+}
+
+/// The selector of what carries the opt-in label.
+fn opted_in() -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(OPT_IN_LABEL.to_owned(), OPT_IN_VALUE.to_owned())])),
+        match_expressions: None,
+    }
+}
+
+/// The namespace selectors of in-use protection's two webhooks, within `namespaces` (the
+/// guard's own selector): the opted-in namespaces, and the others, whose opted-in
+/// objects alone are sent. No delete matches both.
+fn in_use_selectors(namespaces: &LabelSelector) -> (LabelSelector, LabelSelector) {
+    let within = namespaces.match_expressions.clone().unwrap_or_default();
+    let opted_in_namespaces = LabelSelector {
+        match_labels: opted_in().match_labels,
+        match_expressions: Some(within.clone()),
+    };
+    let mut others = vec![LabelSelectorRequirement {
+        key: OPT_IN_LABEL.to_owned(),
+        operator: "NotIn".to_owned(),
+        values: Some(vec![OPT_IN_VALUE.to_owned()]),
+    }];
+    others.extend(within);
+    let other_namespaces = LabelSelector {
+        match_labels: None,
+        match_expressions: Some(others),
+    };
+    (opted_in_namespaces, other_namespaces)
+}
+
+/// CEL that leaves out `kube-root-ca.crt`, which every pod projects and
+/// kube-controller-manager replaces. A deletecollection's per-item deletes name the
+/// object only in `oldObject`.
+pub fn not_root_ca_expression() -> String {
+    let root_ca = quote(ROOT_CA);
+    format!(
+        "!(request.resource.resource == 'configmaps' && (request.name == {root_ca} \
+         || (oldObject != null && oldObject.metadata.name == {root_ca})))"
+    )
 }
 
 fn rule(operation: &str, resource: &str) -> RuleWithOperations {
@@ -327,6 +404,100 @@ mod tests {
             "ephemeralContainers",
         ] {
             assert!(worker_pod.contains(place), "{place} missing from {worker_pod}");
+        }
+    }
+
+    #[test]
+    fn in_use_protection_is_registered_only_when_asked_and_never_twice_for_one_delete() {
+        let (validating, _) = configurations(&args(&["--url", "https://g"]), None).unwrap();
+        assert_eq!(validating.webhooks.unwrap().len(), 1);
+
+        let (validating, _) = configurations(&args(&["--url", "https://g", "--in-use-protection"]), None).unwrap();
+        let webhooks = validating.webhooks.unwrap();
+        let names: Vec<&str> = webhooks.iter().map(|webhook| webhook.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "secret-deletes.cds-secret-guard.io",
+                "in-use-namespaces.cds-secret-guard.io",
+                "in-use-objects.cds-secret-guard.io"
+            ]
+        );
+        let (namespaces, objects) = (&webhooks[1], &webhooks[2]);
+        for webhook in [namespaces, objects] {
+            assert_eq!(webhook.client_config.url.as_deref(), Some("https://g/validate-in-use"));
+            assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+            assert_eq!(webhook.side_effects, "NoneOnDryRun");
+            let resources: Vec<String> = webhook
+                .rules
+                .iter()
+                .flatten()
+                .flat_map(|rule| rule.resources.clone().unwrap_or_default())
+                .collect();
+            assert_eq!(resources, ["secrets", "configmaps"]);
+            let conditions: Vec<&str> = webhook
+                .match_conditions
+                .iter()
+                .flatten()
+                .map(|condition| condition.name.as_str())
+                .collect();
+            assert_eq!(conditions, ["not-root-ca", "not-exempt"]);
+            let excluded = webhook
+                .namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_expressions
+                .as_ref()
+                .unwrap();
+            let name = excluded
+                .iter()
+                .find(|requirement| requirement.key == "kubernetes.io/metadata.name")
+                .unwrap();
+            assert_eq!(name.operator, "NotIn");
+            assert_eq!(name.values.as_deref().unwrap(), ["kube-system", "cds-secret-guard"]);
+        }
+        let opted_in = BTreeMap::from([(OPT_IN_LABEL.to_owned(), OPT_IN_VALUE.to_owned())]);
+        // Opted-in namespaces, whatever their objects say...
+        assert_eq!(
+            namespaces.namespace_selector.as_ref().unwrap().match_labels,
+            Some(opted_in.clone())
+        );
+        assert_eq!(namespaces.object_selector, None);
+        // ...and elsewhere, opted-in objects: a namespace NotIn the opt-in, never both.
+        let others = &objects
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_expressions
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(
+            (others.key.as_str(), others.operator.as_str(), others.values.as_deref()),
+            (OPT_IN_LABEL, "NotIn", Some(&[OPT_IN_VALUE.to_owned()][..]))
+        );
+        assert_eq!(objects.object_selector.as_ref().unwrap().match_labels, Some(opted_in));
+    }
+
+    #[test]
+    fn in_use_protection_keeps_to_the_watched_namespaces() {
+        let (validating, _) = configurations(
+            &args(&["--url", "https://g", "--in-use-protection", "--namespace", "cds"]),
+            None,
+        )
+        .unwrap();
+        for webhook in &validating.webhooks.unwrap()[1..] {
+            let expressions = webhook
+                .namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_expressions
+                .as_ref()
+                .unwrap();
+            let name = expressions.last().unwrap();
+            assert_eq!(
+                (name.operator.as_str(), name.values.as_deref()),
+                ("In", Some(&["cds".to_owned()][..]))
+            );
         }
     }
 

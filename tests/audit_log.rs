@@ -157,6 +157,59 @@ async fn the_audit_trail_ignores_rust_log_and_summarises_repeats() {
     assert_eq!(of("cds-worker-config-w2").len(), 1);
 }
 
+/// An in-use decision has its own line: the object's kind and name, the pods that keep
+/// it, the requester; never the object's data, nor its other annotations (kubectl's
+/// last-applied copy of the data). A forced delete is a line of its own.
+#[tokio::test]
+async fn an_in_use_decision_names_the_object_and_its_pods_never_its_data() {
+    use common::in_use::*;
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let pods = Pods {
+        users: vec![user("web-1"), user("web-0")],
+        ..Pods::default()
+    };
+    let server = server(in_use_config(cds_secret_guard::config::Mode::Enforce), pods);
+    let router = server.router();
+
+    let (_, logs) = capture_logs(async {
+        post(&router, "/validate-in-use", configmap_delete().to_string()).await;
+        let forced = forced(configmap_delete(), "INC-42 rotate");
+        post(&router, "/validate-in-use", forced.to_string()).await;
+    })
+    .await;
+
+    let audit: Vec<Value> = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["audit"] == true)
+        .collect();
+    assert_eq!(audit.len(), 2, "{logs}");
+    let (denied, forced) = (&audit[0], &audit[1]);
+    assert_eq!(denied["message"], "in-use delete deny");
+    assert_eq!(
+        [
+            &denied["rules"],
+            &denied["kind"],
+            &denied["object"],
+            &denied["namespace"]
+        ],
+        ["in-use", "ConfigMap", "settings", "cds"]
+    );
+    assert_eq!(
+        (&denied["reason"], &denied["pods"]),
+        (&"in-use".into(), &"web-0,web-1".into())
+    );
+    assert_eq!(denied["user"], "alice");
+    assert_eq!(forced["message"], "in-use delete allow");
+    assert_eq!(forced["reason"], "forced");
+    assert!(forced["detail"].as_str().unwrap().contains("INC-42 rotate"), "{forced}");
+    assert!(!logs.contains("hunter2"), "the data reached the log: {logs}");
+    assert!(
+        !logs.contains("last-applied"),
+        "another annotation reached the log: {logs}"
+    );
+}
+
 /// SIGTERM, as Kubernetes stops a pod.
 fn nix_kill_term(pid: u32) {
     let status = std::process::Command::new("kill")

@@ -12,8 +12,9 @@ use tracing::{Instrument, Span};
 
 use super::{AppState, service};
 use crate::{
-    admission::{self, Answer, RequestDeadline, ReviewBody, ReviewRequest, SecretObject, is_for, reply},
+    admission::{self, Answer, InUseObject, RequestDeadline, ReviewBody, ReviewRequest, SecretObject, is_for, reply},
     pod::PodObject,
+    references::Kind,
 };
 
 /// `/readyz`: 200 while serving a certificate the webhooks trust, 503 before, without
@@ -63,6 +64,38 @@ pub async fn validate(
     } else {
         span.in_scope(|| tracing::debug!(kind = %request.kind.kind, "not a secret delete, allowed untouched"));
         Answer::allow(&request.uid)
+    };
+    reply(&answer)
+}
+
+/// Deletes of opted-in Secrets and ConfigMaps (in-use protection). The object is decoded
+/// as its name, uid and force annotation only: its data is never parsed.
+pub async fn validate_in_use(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
+    ReviewBody(body): ReviewBody,
+) -> Response {
+    let request = match admission::decode::<InUseObject>(&body) {
+        Ok(request) => request,
+        Err(error) => return error.into_response(),
+    };
+    let _timer = state.metrics.time_admission("validate-in-use");
+    let span = review_span("validate-in-use", &request);
+    let kind = [Kind::Secret, Kind::ConfigMap]
+        .into_iter()
+        .find(|kind| is_for(&request, kind.as_str(), Operation::Delete));
+    let answer = match kind {
+        Some(kind) => {
+            service::validate_in_use_delete(&state, kind, &request, deadline)
+                .instrument(span)
+                .await
+        }
+        None => {
+            span.in_scope(
+                || tracing::debug!(kind = %request.kind.kind, "not a secret or configmap delete, allowed untouched"),
+            );
+            Answer::allow(&request.uid)
+        }
     };
     reply(&answer)
 }

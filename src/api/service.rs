@@ -1,24 +1,27 @@
 //! The services behind the handlers: the secret-delete decision with its audit trail and
-//! metrics, and the pod mutation with its one read. Nothing here knows about HTTP.
+//! metrics, the pod mutation with its one read, and in-use protection's delete decision.
+//! Nothing here knows about HTTP.
 
 use std::collections::BTreeSet;
 
 use futures::future::join_all;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
 use kube::core::Status;
 use tokio::time::Instant;
 
 use super::AppState;
 use crate::{
-    admission::{Answer, ReviewRequest, SecretObject},
-    audit::{self, Requester},
+    admission::{Answer, InUseObject, ReviewRequest, SecretObject},
+    audit::{self, Requester, Who},
     config::Mode,
     events,
+    in_use::{self, ObjectDelete},
     lookup::{ClusterLookup, Deadline},
     metrics::DecisionLabels,
     mutation,
     pod::PodObject,
     policy::{self, Reason, SecretDelete, Verdict},
+    references::Kind,
 };
 
 /// Every decision the services count, for `admission_decisions_total` to start at 0: a
@@ -41,6 +44,16 @@ pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
         reason,
     });
     deletes.chain(creates)
+}
+
+/// Every decision in-use protection counts, each reason with the outcome it has in `mode`.
+pub fn possible_in_use_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
+    let enforced = mode == Mode::Enforce;
+    in_use::Reason::ALL.into_iter().map(move |reason| DecisionLabels {
+        operation: "DELETE",
+        decision: audit::outcome(!reason.denies(), enforced),
+        reason: reason.code(),
+    })
 }
 
 const SKIPPED: &str = "skip";
@@ -90,7 +103,8 @@ pub async fn validate_delete<'a>(
     // A dry run has no side effect (the webhook says `sideEffects: NoneOnDryRun`).
     if enforced && !verdict.allowed && !request.dry_run {
         let uid = old_object.and_then(|secret| secret.uid.as_deref());
-        let secret = events::SecretRef {
+        let secret = events::DeletedRef {
+            kind: "Secret",
             namespace: delete.namespace,
             name: delete.name,
             uid,
@@ -125,17 +139,107 @@ fn respond(uid: &str, verdict: Verdict, enforced: bool) -> Answer<'_> {
     answer
 }
 
-/// The secret's name. The per-item DELETEs of a deletecollection carry an empty
-/// `request.name`: the name is then only in `oldObject`.
+/// The secret's name (see [`object_name`]).
 fn secret_name<'a>(request: &'a ReviewRequest<'a, SecretObject>) -> &'a str {
-    match request
-        .old_object
-        .as_ref()
-        .and_then(|secret| secret.metadata.name.as_deref())
-    {
-        Some(name) if request.name.is_empty() => name,
-        _ => &request.name,
+    let old_object = request.old_object.as_ref().map(|secret| &secret.metadata);
+    object_name(&request.name, old_object)
+}
+
+/// The object's name. The per-item DELETEs of a deletecollection carry an empty
+/// `request.name`: the name is then only in `oldObject`.
+fn object_name<'a>(name: &'a str, old_object: Option<&'a ObjectMeta>) -> &'a str {
+    match old_object.and_then(|object| object.name.as_deref()) {
+        Some(old_name) if name.is_empty() => old_name,
+        _ => name,
     }
+}
+
+/// Decides on the delete of an opted-in Secret or ConfigMap (the webhook's selectors and
+/// match conditions sent only those), audits the decision, counts it and records an
+/// Event on a denial, as for worker secrets. Reads that do not answer within the lookup
+/// timeout, or the request's deadline, deny.
+pub async fn validate_in_use_delete<'a>(
+    state: &AppState,
+    kind: Kind,
+    request: &'a ReviewRequest<'a, InUseObject>,
+    deadline: Instant,
+) -> Answer<'a> {
+    let object = request.old_object.as_ref().map(|object| &object.metadata);
+    let who = Who {
+        username: request.user_info.username.as_deref(),
+        groups: request.user_info.groups.as_deref().unwrap_or_default(),
+    };
+    let delete = ObjectDelete {
+        kind,
+        namespace: request.namespace.as_deref().unwrap_or_default(),
+        name: object_name(&request.name, object),
+        object,
+        exempt: state.policy.is_exempt(who.username, who.groups),
+    };
+    let verdict = match &state.in_use {
+        Some(lookup) => {
+            let deadline = deadline.min(Instant::now() + state.policy.lookup_timeout);
+            match tokio::time::timeout_at(deadline, in_use::decide(&delete, lookup.as_ref())).await {
+                Ok(verdict) => verdict,
+                Err(_) => in_use::Verdict::deny(
+                    in_use::Reason::LookupFailed,
+                    format!(
+                        "cannot verify within {:?} that no pod uses {} {}; refusing to delete it",
+                        state.policy.lookup_timeout,
+                        kind.as_str().to_lowercase(),
+                        delete.name
+                    ),
+                ),
+            }
+        }
+        None => in_use::Verdict::deny(
+            in_use::Reason::LookupFailed,
+            "in-use protection is not enabled in this guard (serve --in-use-protection), yet its webhook \
+             sent this delete; refusing it"
+                .to_owned(),
+        ),
+    };
+    let enforced = state.policy.mode == Mode::Enforce;
+    let requester = Requester {
+        uid: &request.uid,
+        dry_run: request.dry_run,
+    };
+    state.audit.record_in_use(&delete, who, requester, &verdict, enforced);
+    if enforced && !verdict.allowed && !request.dry_run {
+        let deleted = events::DeletedRef {
+            kind: kind.as_str(),
+            namespace: delete.namespace,
+            name: delete.name,
+            uid: object.and_then(|object| object.uid.as_deref()),
+        };
+        state
+            .events
+            .delete_denied(deleted, verdict.reason.code(), &verdict.message);
+    }
+    let outcome = audit::outcome(verdict.allowed, enforced);
+    state.metrics.decision("DELETE", outcome, verdict.reason.code());
+
+    let mut answer = Answer::allow(&request.uid);
+    if verdict.allowed && verdict.reason != in_use::Reason::Forced {
+        return answer;
+    }
+    // A forced delete goes through, and the apiserver's audit log says so.
+    answer.audit_annotations = audit::in_use_annotations(&verdict);
+    if verdict.allowed {
+        return answer;
+    }
+    if enforced {
+        answer.allowed = false;
+        answer.status = Some(Status {
+            code: 403,
+            message: verdict.message,
+            reason: "Forbidden".to_owned(),
+            ..Status::default()
+        });
+    } else {
+        answer.warnings = vec![format!("cds-secret-guard would deny: {}", verdict.message)];
+    }
+    answer
 }
 
 /// The patch for a pod create, if it needs one. The secrets' hatchery label is read by

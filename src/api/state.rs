@@ -12,6 +12,7 @@ use crate::{
     audit::AuditLog,
     config::{Limits, PolicyConfig},
     events::Events,
+    in_use::InUseLookup,
     lookup::{ClusterLookup, Metered},
     metrics::Metrics,
 };
@@ -21,6 +22,8 @@ pub struct AppState {
     pub(crate) policy: PolicyConfig,
     /// Quorum reads, timed and counted.
     pub(crate) lookup: Metered,
+    /// In-use protection's reads, when it is on (`--in-use-protection`).
+    pub(crate) in_use: Option<Arc<dyn InUseLookup>>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Arc<AuditLog>,
     /// Events on secrets; a side effect, never awaited.
@@ -42,12 +45,23 @@ pub struct AppState {
 // === impl AppState ===
 
 impl AppState {
-    /// The state for `config`, reading the cluster through `lookup`.
-    pub fn new(config: &Config, lookup: Arc<dyn ClusterLookup>, metrics: Arc<Metrics>, events: Events) -> Self {
+    /// The state for `config`, reading the cluster through `lookup`, and through `in_use`
+    /// for in-use protection when `config` turns it on.
+    pub fn new(
+        config: &Config,
+        lookup: Arc<dyn ClusterLookup>,
+        in_use: Arc<dyn InUseLookup>,
+        metrics: Arc<Metrics>,
+        events: Events,
+    ) -> Self {
         metrics.decisions_from_zero(super::service::possible_decisions(config.policy.mode));
+        if config.in_use_protection {
+            metrics.decisions_from_zero(super::service::possible_in_use_decisions(config.policy.mode));
+        }
         Self {
             policy: config.policy.clone(),
             lookup: Metered::new(lookup, metrics.clone()),
+            in_use: config.in_use_protection.then_some(in_use),
             metrics,
             audit: Arc::new(AuditLog::new(config.audit_window)),
             events,

@@ -361,6 +361,17 @@ impl fmt::Display for Subject<'_> {
 // === impl Reason ===
 
 impl Reason {
+    /// Every reason, for the decision counters to start at 0.
+    pub const ALL: [Self; 7] = [
+        Self::NotProtected,
+        Self::Exempt,
+        Self::Forced,
+        Self::InUse,
+        Self::LookupFailed,
+        Self::Unused,
+        Self::NamespaceTerminating,
+    ];
+
     /// Whether a verdict for this reason refuses the delete.
     pub fn denies(self) -> bool {
         matches!(self, Self::InUse | Self::LookupFailed)
@@ -389,7 +400,7 @@ impl fmt::Display for Reason {
 // === impl Verdict ===
 
 impl Verdict {
-    fn allow(reason: Reason, message: String) -> Self {
+    pub(crate) fn allow(reason: Reason, message: String) -> Self {
         Self {
             allowed: true,
             reason,
@@ -398,7 +409,7 @@ impl Verdict {
         }
     }
 
-    fn deny(reason: Reason, message: String) -> Self {
+    pub(crate) fn deny(reason: Reason, message: String) -> Self {
         Self {
             allowed: false,
             reason,

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod attack;
+pub mod in_use;
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Mutex, time::Duration};
 
@@ -99,6 +100,7 @@ pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
         },
         policy,
         lease: None,
+        in_use_protection: false,
     }
 }
 
