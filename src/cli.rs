@@ -337,8 +337,8 @@ pub struct WebhooksArgs {
 
     /// Also register in-use protection (`/validate-in-use`): the deletes of Secrets and
     /// ConfigMaps labelled, or in a namespace labelled,
-    /// `cds-secret-guard/in-use-protection=enabled`.
-    #[arg(long)]
+    /// `cds-secret-guard/in-use-protection=enabled` (the variable is `serve`'s).
+    #[arg(long, env = "CDS_GUARD_IN_USE_PROTECTION")]
     pub in_use_protection: bool,
 
     /// Seconds the apiserver waits for the guard on a secret delete (at most 5).

@@ -117,9 +117,8 @@ pub fn configurations(
             admission_review_versions: vec!["v1".to_owned()],
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespace_selector),
-            object_selector: object_selector,
+            object_selector,
             match_conditions: Some(conditions.clone()),
-            ..Default::default()
         };
         let (namespaces_opted_in, objects_opted_in) = in_use_selectors(&namespaces);
         validating_webhooks.push(webhook(

@@ -1,13 +1,18 @@
 //! End-to-end: in-use protection's rules over quorum reads of the real apiserver, beside
 //! the real Deployment and ReplicaSet controllers and garbage collector. A Deployment's
 //! pods keep the ConfigMap and Secret they name; the garbage collector's own judgement of
-//! which pods go after their owner is the rules' judgement.
+//! which pods go after their owner is the rules' judgement. Then the guard itself,
+//! registered with `webhooks --in-use-protection` and running as a service account with
+//! the chart's rights for it, as `kubectl` users meet it.
 #![allow(clippy::unwrap_used)]
 
 #[path = "e2e/harness.rs"]
 mod harness;
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex, Weak},
+    time::{Duration, Instant},
+};
 
 use cds_secret_guard::{
     in_use::{self, KubeInUse, ObjectDelete, Reason, Verdict},
@@ -22,7 +27,7 @@ use kube::{
     Api,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 const WITHIN: Duration = Duration::from_secs(30);
 
@@ -279,4 +284,279 @@ async fn an_optional_reference_is_no_use() {
     .unwrap();
     ns.pods().create(&PostParams::default(), &pod).await.unwrap();
     assert_eq!(decide(&ns, Kind::ConfigMap, "settings").await.reason, Reason::Unused);
+}
+
+// --- the guard, registered ---
+
+/// The guard with in-use protection on, registered with its webhooks, running as the
+/// service account `cds-secret-guard-in-use`: bound to the shipped ClusterRole and to the
+/// chart's in-use rules (`files/in-use-rules.yaml`), nothing else. Shared by the tests
+/// that hold it.
+fn in_use_guard() -> Arc<Guard> {
+    static SHARED: Mutex<Weak<Guard>> = Mutex::new(Weak::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(guard) = shared.upgrade() {
+        return guard;
+    }
+    guard_kubeconfig(); // the guard's namespace and the shipped ClusterRole
+    let rules =
+        std::fs::read_to_string(repo().join("manifests/helm/cds-secret-guard/files/in-use-rules.yaml")).unwrap();
+    let rules: Value = serde_saphyr::from_str(&rules).unwrap();
+    let roles = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "cds-secret-guard-in-use", "namespace": "cds-secret-guard"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "cds-secret-guard-in-use"}, "rules": rules},
+        binding("cds-secret-guard-in-use"),
+        binding("cds-secret-guard"),
+    ]});
+    let mut apply = kubectl()
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(roles.to_string().as_bytes())
+        .unwrap();
+    assert!(apply.wait().unwrap().success(), "apply the in-use roles");
+    let guard = Arc::new(Guard::start_with(GuardOptions {
+        kubeconfig: service_account_kubeconfig("cds-secret-guard", "cds-secret-guard-in-use"),
+        env: vec![("CDS_GUARD_IN_USE_PROTECTION".to_owned(), "true".to_owned())],
+        register: Some(vec!["--in-use-protection".to_owned()]),
+    }));
+    *shared = Arc::downgrade(&guard);
+    guard
+}
+
+/// A ClusterRoleBinding of ClusterRole `role` to the in-use guard's service account.
+fn binding(role: &str) -> Value {
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+           "metadata": {"name": format!("{role}-for-in-use")},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+           "subjects": [{"kind": "ServiceAccount", "name": "cds-secret-guard-in-use", "namespace": "cds-secret-guard"}]})
+}
+
+fn label(target: &[&str], ns: Option<&str>) {
+    let mut command = kubectl();
+    if let Some(ns) = ns {
+        command.args(["-n", ns]);
+    }
+    let labelled = command
+        .arg("label")
+        .args(target)
+        .arg(format!("{}={}", in_use::OPT_IN_LABEL, in_use::OPT_IN_VALUE))
+        .output()
+        .unwrap();
+    assert!(labelled.status.success(), "label {target:?}: {labelled:?}");
+}
+
+/// `kubectl delete KIND NAME` in `ns`, as admin: Ok, or the refusal kubectl prints.
+fn kubectl_delete(ns: &TestNamespace, kind: &str, name: &str) -> Result<(), String> {
+    let output = kubectl()
+        .args(["-n", &ns.name, "delete", kind, name, "--wait=false"])
+        .output()
+        .unwrap();
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+async fn create_settings_and_token(ns: &TestNamespace, labels: Value) {
+    let config_maps: Api<ConfigMap> = Api::namespaced(client().await, &ns.name);
+    let settings =
+        serde_json::from_value(json!({"metadata": {"name": "settings", "labels": labels}, "data": {"mode": "on"}}))
+            .unwrap();
+    config_maps.create(&PostParams::default(), &settings).await.unwrap();
+    let token = serde_json::from_value(
+        json!({"metadata": {"name": "token", "labels": labels}, "stringData": {"TOKEN": SECRET_VALUE}}),
+    )
+    .unwrap();
+    ns.secrets().create(&PostParams::default(), &token).await.unwrap();
+}
+
+#[tokio::test]
+async fn in_an_opted_in_namespace_kubectl_delete_is_refused_while_a_deployment_has_pods() {
+    let _running = CONTROLLERS.read().await;
+    let guard = in_use_guard();
+    let ns = TestNamespace::new("in-use-kubectl").await;
+    label(&["namespace", &ns.name], None);
+    create_settings_and_token(&ns, json!({})).await;
+    let deployments: Api<Deployment> = Api::namespaced(client().await, &ns.name);
+    deployments
+        .create(&PostParams::default(), &deployment("web", 2))
+        .await
+        .unwrap();
+    let pods = names(&pods_of(&ns, "web", 2).await);
+
+    for (kind, name) in [("configmap", "settings"), ("secret", "token")] {
+        let refused = kubectl_delete(&ns, kind, name).unwrap_err();
+        let says = format!(
+            "admission webhook \"in-use-namespaces.cds-secret-guard.io\" denied the request: {kind} {name} is in use by pod {} in namespace {}",
+            pods.join(", "),
+            ns.name
+        );
+        assert!(refused.contains(&says), "{refused:?} lacks {says:?}");
+    }
+    let line = guard
+        .audit_line_where("the settings denial", |line| {
+            line["object"] == "settings" && line["namespace"] == ns.name.as_str()
+        })
+        .await;
+    assert_eq!((&line["decision"], &line["reason"]), (&json!("deny"), &json!("in-use")));
+    assert_eq!(line["pods"], pods.join(","));
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client().await, &ns.name);
+    until("a DeleteDenied Event on the ConfigMap", async || {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|event| {
+                event.reason.as_deref() == Some("DeleteDenied")
+                    && event.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ConfigMap")
+            })
+    })
+    .await;
+    // The local control plane's audit policy records Secrets, not ConfigMaps.
+    let recorded = apiserver_audit().into_iter().any(|event| {
+        event["verb"] == "delete"
+            && event["objectRef"]["name"] == "token"
+            && event["objectRef"]["namespace"] == ns.name.as_str()
+            && event["annotations"]["in-use-namespaces.cds-secret-guard.io/reason"] == "in-use"
+            && event["annotations"]["in-use-namespaces.cds-secret-guard.io/pods"] == pods.join(",").as_str()
+    });
+    assert!(recorded, "the apiserver's audit log has the denial's annotations");
+
+    let scale = json!({"spec": {"replicas": 0}});
+    deployments
+        .patch("web", &PatchParams::default(), &Patch::Merge(&scale))
+        .await
+        .unwrap();
+    pods_of(&ns, "web", 0).await;
+    assert_eq!(kubectl_delete(&ns, "configmap", "settings"), Ok(()));
+    assert_eq!(kubectl_delete(&ns, "secret", "token"), Ok(()));
+}
+
+#[tokio::test]
+async fn outside_the_opt_in_deletes_are_as_if_the_guard_were_absent_and_an_opted_in_object_is_kept() {
+    let _running = CONTROLLERS.read().await;
+    let guard = in_use_guard();
+    let ns = TestNamespace::new("in-use-objects").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client().await, &ns.name);
+    for (name, labels) in [
+        ("plain", json!({})),
+        ("kept", json!({in_use::OPT_IN_LABEL: in_use::OPT_IN_VALUE})),
+    ] {
+        let config_map = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+        config_maps.create(&PostParams::default(), &config_map).await.unwrap();
+    }
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": "reader"},
+        "spec": {"containers": [{
+            "name": "app", "image": "busybox",
+            "envFrom": [{"configMapRef": {"name": "plain"}}, {"configMapRef": {"name": "kept"}}],
+        }]},
+    }))
+    .unwrap();
+    ns.pods().create(&PostParams::default(), &pod).await.unwrap();
+
+    let refused = kubectl_delete(&ns, "configmap", "kept").unwrap_err();
+    assert!(
+        refused.contains(
+            "\"in-use-objects.cds-secret-guard.io\" denied the request: configmap kept is in use by pod reader"
+        ),
+        "{refused}"
+    );
+    assert_eq!(kubectl_delete(&ns, "configmap", "plain"), Ok(()));
+    guard
+        .audit_line_where("the kept denial", |line| {
+            line["object"] == "kept" && line["namespace"] == ns.name.as_str()
+        })
+        .await;
+    let plain = guard
+        .audit_lines()
+        .into_iter()
+        .filter(|line| line["namespace"] == ns.name.as_str() && line["object"] == "plain")
+        .count();
+    assert_eq!(plain, 0, "a delete not opted in never reached the guard");
+}
+
+#[tokio::test]
+async fn the_force_path_the_root_ca_and_namespace_deletion_are_never_blocked() {
+    let _running = CONTROLLERS.read().await;
+    let guard = in_use_guard();
+    let ns = TestNamespace::new("in-use-force").await;
+    label(&["namespace", &ns.name], None);
+    create_settings_and_token(&ns, json!({})).await;
+    // As kube-controller-manager's root-ca-cert-publisher makes it (the local control
+    // plane does not run that controller).
+    let root_ca =
+        serde_json::from_value(json!({"metadata": {"name": in_use::ROOT_CA}, "data": {"ca.crt": "PEM"}})).unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client().await, &ns.name);
+    config_maps.create(&PostParams::default(), &root_ca).await.unwrap();
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": "reader"},
+        "spec": {"containers": [{
+            "name": "app", "image": "busybox",
+            "envFrom": [{"configMapRef": {"name": "settings"}}, {"secretRef": {"name": "token"}}],
+            "volumeMounts": [{"name": "ca", "mountPath": "/ca"}],
+        }], "volumes": [{"name": "ca", "configMap": {"name": "kube-root-ca.crt"}}]},
+    }))
+    .unwrap();
+    ns.pods().create(&PostParams::default(), &pod).await.unwrap();
+    assert!(kubectl_delete(&ns, "secret", "token").is_err());
+
+    let annotated = kubectl()
+        .args(["-n", &ns.name, "annotate", "secret", "token"])
+        .arg(format!("{}=INC-42 rotate the token", in_use::FORCE_ANNOTATION))
+        .output()
+        .unwrap();
+    assert!(annotated.status.success(), "{annotated:?}");
+    assert_eq!(kubectl_delete(&ns, "secret", "token"), Ok(()));
+    let line = guard
+        .audit_line_where("the forced delete", |line| {
+            line["object"] == "token" && line["namespace"] == ns.name.as_str() && line["decision"] == "allow"
+        })
+        .await;
+    assert_eq!(line["reason"], "forced");
+    assert!(
+        line["detail"].as_str().unwrap().contains("INC-42 rotate the token"),
+        "{line}"
+    );
+    let recorded = apiserver_audit().into_iter().any(|event| {
+        event["verb"] == "delete"
+            && event["objectRef"]["name"] == "token"
+            && event["objectRef"]["namespace"] == ns.name.as_str()
+            && event["annotations"]["in-use-namespaces.cds-secret-guard.io/reason"] == "forced"
+    });
+    assert!(recorded, "the apiserver's audit log says the delete was forced");
+
+    // kube-root-ca.crt, mounted by the pod: its controller must be able to replace it.
+    assert_eq!(kubectl_delete(&ns, "configmap", "kube-root-ca.crt"), Ok(()));
+
+    // The namespace, with the ConfigMap still in use: the namespace controller is exempt.
+    assert!(kubectl_delete(&ns, "configmap", "settings").is_err());
+    let deleted = kubectl()
+        .args(["delete", "namespace", &ns.name, "--wait=false"])
+        .output()
+        .unwrap();
+    assert!(deleted.status.success(), "{deleted:?}");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client().await);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while namespaces.get_opt(&ns.name).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "namespace {} still there after 60 s",
+            ns.name
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

@@ -228,10 +228,11 @@ fn generated_match_conditions() -> String {
         "# Generated: the match conditions of `cds-secret-guard webhooks` (src/webhooks.rs)\n\
          # for the default protected secrets: prefixes {}; label {label}.\n\
          # Do not edit; regenerate: UPDATE_GENERATED=1 cargo test --test helm match_conditions\n\
-         protectedSecret: {}\nworkerPod: {}\n",
+         protectedSecret: {}\nworkerPod: {}\nnotRootCa: {}\n",
         prefixes.join(", "),
         serde_json::to_string(&webhooks::protected_secret_expression(prefixes, label)).unwrap(),
         serde_json::to_string(&webhooks::worker_pod_expression(prefixes, label)).unwrap(),
+        serde_json::to_string(&webhooks::not_root_ca_expression()).unwrap(),
     )
 }
 
@@ -276,7 +277,7 @@ fn default_chart_webhooks_are_the_kustomize_bases_and_the_binarys() {
 
 #[test]
 fn chart_webhooks_follow_exemptions_namespaces_and_timeouts_as_the_binary_does() {
-    let cases: [(Value, Vec<&str>); 4] = [
+    let cases: [(Value, Vec<&str>); 6] = [
         (json!({}), vec![]),
         (
             // Quotes and backslashes survive both quotings.
@@ -305,6 +306,19 @@ fn chart_webhooks_follow_exemptions_namespaces_and_timeouts_as_the_binary_does()
         (
             json!({"exemptions": {"users": ["alice"]}, "namespaces": ["cds"], "certificate": {"source": "cert-manager"}}),
             vec!["--exempt-user", "alice", "--namespace", "cds"],
+        ),
+        (json!({"inUse": {"enabled": true}}), vec!["--in-use-protection"]),
+        (
+            json!({"inUse": {"enabled": true}, "namespaces": ["cds", "ci"], "exemptions": {"groups": ["ops"]}}),
+            vec![
+                "--in-use-protection",
+                "--namespace",
+                "cds",
+                "--namespace",
+                "ci",
+                "--exempt-group",
+                "ops",
+            ],
         ),
     ];
     for (overrides, flags) in cases {
@@ -547,6 +561,11 @@ fn value_sets() -> Vec<(&'static str, Value)> {
     vec![
         ("default", json!({})),
         ("namespaced", json!({"namespaces": ["cds", "ci"]})),
+        ("in-use protection", json!({"inUse": {"enabled": true}})),
+        (
+            "in-use protection, namespaced",
+            json!({"inUse": {"enabled": true}, "namespaces": ["cds"]}),
+        ),
         ("cert-manager", json!({"certificate": {"source": "cert-manager"}})),
         (
             "existing secret",
@@ -909,6 +928,44 @@ fn every_value_set_renders_what_it_says() {
                         .all(|role| role["metadata"]["name"] != "guard-cds-secret-guard-check"),
                     "no check role"
                 );
+            }
+            "in-use protection" | "in-use protection, namespaced" => {
+                assert_eq!(env_value(&env, "CDS_GUARD_IN_USE_PROTECTION"), Some("true"));
+                let names: Vec<&str> = validating
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|webhook| webhook["name"].as_str().unwrap())
+                    .collect();
+                assert_eq!(
+                    names,
+                    [
+                        "secret-deletes.cds-secret-guard.io",
+                        "in-use-namespaces.cds-secret-guard.io",
+                        "in-use-objects.cds-secret-guard.io"
+                    ]
+                );
+                for webhook in &validating.as_array().unwrap()[1..] {
+                    assert_eq!(webhook["clientConfig"]["service"]["path"], "/validate-in-use");
+                    assert_eq!(webhook["failurePolicy"], "Fail");
+                }
+                let (kind, namespace) = match name {
+                    "in-use protection" => ("ClusterRole", None),
+                    _ => ("Role", Some("cds")),
+                };
+                let role = of_kind(&objects, kind)
+                    .into_iter()
+                    .find(|role| {
+                        role["metadata"]["name"] == fullname && role["metadata"]["namespace"].as_str() == namespace
+                    })
+                    .unwrap();
+                let workloads = role["rules"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|rule| rule["apiGroups"] == json!(["apps"]))
+                    .unwrap_or_else(|| panic!("{name}: no rule on the workloads in {role}"));
+                assert_eq!(workloads["verbs"], json!(["get"]), "{name}: read, never written");
             }
             other => unreachable!("{other}"),
         }
