@@ -55,10 +55,12 @@ pub fn remove(mut doc: Value, pointer: &str) -> Value {
     doc
 }
 
-/// An RFC 3339 time `ago` before now.
+/// An RFC 3339 time `ago` before now, to the millisecond: truncated to the second, the
+/// age a test reads would be a second more whenever the truncation and the test's own
+/// time add up to one.
 pub fn time_ago(ago: Duration) -> Value {
     let at = k8s_openapi::jiff::Timestamp::now() - ago;
-    Value::String(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+    Value::String(at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
 }
 
 /// A delete of a worker secret 5 s old: kept (too young), without any cluster read.
