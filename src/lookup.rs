@@ -27,9 +27,11 @@ use tokio::time::Instant;
 
 use crate::{
     Error, Result,
+    in_use::{Dependent, InUseLookup},
     metrics::Metrics,
     pod::{PodState, WorkerPod},
     pod_cache::{PodCache, PodWatch, parse_revision},
+    references::Kind,
 };
 
 /// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
@@ -342,6 +344,22 @@ impl ClusterLookup for Unavailable {
     }
 
     async fn secret_metadata(&self, _: &str, _: &str) -> Result<Option<ObjectMeta>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+
+    async fn namespace_terminating(&self, _: &str) -> Result<bool> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+}
+
+/// Without a Kubernetes client every read fails: every in-use delete is denied.
+#[async_trait]
+impl InUseLookup for Unavailable {
+    async fn users(&self, _: &str, _: Kind, _: &str) -> Result<Vec<Dependent>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+
+    async fn object(&self, _: &str, _: &str, _: &str, _: &str) -> Result<Option<Dependent>> {
         Err(Error::KubeConfig(self.0.clone()))
     }
 

@@ -13,7 +13,7 @@ use kube::{
 };
 
 use super::{Dependent, InUseLookup, WORKLOAD_KINDS};
-use crate::{Error, Result, lookup::Unavailable, references::Kind};
+use crate::{Error, Result, references::Kind};
 
 /// Pods per page of the namespace's LIST: a page's specs are held at once, never more.
 const PAGE: u32 = 500;
@@ -95,22 +95,6 @@ impl InUseLookup for KubeInUse {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let found = namespaces.get_metadata_opt(namespace).await?;
         Ok(found.is_some_and(|found| found.metadata.deletion_timestamp.is_some()))
-    }
-}
-
-/// Without a Kubernetes client every read fails: every in-use delete is denied.
-#[async_trait]
-impl InUseLookup for Unavailable {
-    async fn users(&self, _: &str, _: Kind, _: &str) -> Result<Vec<Dependent>> {
-        Err(Error::KubeConfig(self.0.clone()))
-    }
-
-    async fn object(&self, _: &str, _: &str, _: &str, _: &str) -> Result<Option<Dependent>> {
-        Err(Error::KubeConfig(self.0.clone()))
-    }
-
-    async fn namespace_terminating(&self, _: &str) -> Result<bool> {
-        Err(Error::KubeConfig(self.0.clone()))
     }
 }
 
