@@ -9,17 +9,20 @@
 #      without it, alternating                             (examples/bench_node.rs)
 #   4. the apiserver path, memory and the reconciler's load on a local control plane of
 #      its own, on other ports than the usual one         (examples/bench_apiserver.rs)
+#   5. in-use protection: a delete with the guard and without, 10 and 10,000 pods, and
+#      helm uninstall, on that control plane too          (examples/bench_in_use.rs)
 #
 # The load generator is oha from crates.io, installed once into
 # ~/.cache/cds-secret-guard/tools. The report (Markdown) is printed at the end and kept
 # in target/bench/report.md.
 #
 # Env:
-#   BENCH_PARTS              which parts to run (default "inprocess tls node apiserver")
+#   BENCH_PARTS              which parts to run (default "inprocess tls node apiserver in-use")
 #   BENCH_TLS_ARGS           e.g. "--rounds 5 --duration 5s --connections 16"
 #   BENCH_NODE_ARGS          e.g. "--rounds 3 --workers 40 --every-ms 250"
 #   BENCH_APISERVER_ARGS     e.g. "--rounds 3 --duration 5s --pods 10000 --spawn-rate 50";
 #                            "--paths orphan,orphan-churn --no-reconciler": the allow paths only
+#   BENCH_IN_USE_ARGS        e.g. "--rounds 3 --deletes 100 --pods 10000 --no-uninstall"
 #   CDS_CP_APISERVER_PORT (9443), CDS_CP_ETCD_CLIENT_PORT (4379), CDS_CP_ETCD_PEER_PORT (4380):
 #                            the benchmark's control plane; it is stopped at the end
 set -euo pipefail
@@ -28,7 +31,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 tools="$HOME/.cache/cds-secret-guard/tools"
 cluster="$repo/tests/controlplane/cluster.sh"
-parts="${BENCH_PARTS:-inprocess tls node apiserver}"
+parts="${BENCH_PARTS:-inprocess tls node apiserver in-use}"
 report="$repo/target/bench/report.md"
 export CDS_BENCH_REPORT="$report"
 export OHA="$tools/bin/oha"
@@ -72,7 +75,7 @@ command -v curl >/dev/null || { log "curl is needed"; exit 1; }
 # ---- build ----
 log "building (release)"
 # The bench profile (release settings, as `cargo bench` builds): one build serves all parts.
-cargo build --profile bench --locked --bins --benches --example ceiling --example bench_tls --example bench_node --example bench_apiserver
+cargo build --profile bench --locked --bins --benches --example ceiling --example bench_tls --example bench_node --example bench_apiserver --example bench_in_use
 
 mkdir -p "$(dirname "$report")"
 {
@@ -86,20 +89,20 @@ mkdir -p "$(dirname "$report")"
 
 # ---- 1. in-process ----
 if wants inprocess; then
-	log "1/4 in-process benchmarks (criterion)"
+	log "1/5 in-process benchmarks (criterion)"
 	cargo bench --locked --bench admission
 fi
 
 # ---- 2. guard vs ceiling over TLS ----
 if wants tls; then
-	log "2/4 guard vs ceiling over TLS"
+	log "2/5 guard vs ceiling over TLS"
 	# shellcheck disable=SC2086
 	target/release/examples/bench_tls ${BENCH_TLS_ARGS:-}
 fi
 
 # ---- 3. a worker's start on the node ----
 if wants node; then
-	log "3/4 a worker's start on the node, with the chart's guard and without"
+	log "3/5 a worker's start on the node, with the chart's guard and without"
 	"$cluster" up --node
 	tests/tools/build.sh # helm
 	# shellcheck disable=SC2086
@@ -108,7 +111,7 @@ fi
 
 # ---- 4. the apiserver path ----
 if wants apiserver; then
-	log "4/4 the apiserver path, on a control plane of its own"
+	log "4/5 the apiserver path, on a control plane of its own"
 	export CDS_CP_APISERVER_PORT="${CDS_CP_APISERVER_PORT:-9443}"
 	export CDS_CP_ETCD_CLIENT_PORT="${CDS_CP_ETCD_CLIENT_PORT:-4379}"
 	export CDS_CP_ETCD_PEER_PORT="${CDS_CP_ETCD_PEER_PORT:-4380}"
@@ -121,6 +124,20 @@ if wants apiserver; then
 	# shellcheck disable=SC2086
 	target/release/examples/bench_apiserver --apiserver-profiles "$profiles" ${BENCH_APISERVER_ARGS:-}
 	apiserver_profiles "$profiles" >>"$report"
+fi
+
+# ---- 5. in-use protection ----
+if wants in-use; then
+	log "5/5 in-use protection, on a control plane of its own"
+	export CDS_CP_APISERVER_PORT="${CDS_CP_APISERVER_PORT:-9443}"
+	export CDS_CP_ETCD_CLIENT_PORT="${CDS_CP_ETCD_CLIENT_PORT:-4379}"
+	export CDS_CP_ETCD_PEER_PORT="${CDS_CP_ETCD_PEER_PORT:-4380}"
+	"$cluster" down
+	trap '"$cluster" down' EXIT
+	"$cluster" up
+	tests/tools/build.sh # helm
+	# shellcheck disable=SC2086
+	target/release/examples/bench_in_use ${BENCH_IN_USE_ARGS:-}
 fi
 
 echo "- took $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s" >>"$report"

@@ -288,9 +288,7 @@ async fn an_optional_reference_is_no_use() {
 
 // --- the guard, registered ---
 
-/// The guard with in-use protection on, registered with its webhooks, running as the
-/// service account `cds-secret-guard-in-use`: bound to the shipped ClusterRole and to the
-/// chart's in-use rules (`files/in-use-rules.yaml`), nothing else. Shared by the tests
+/// The guard with in-use protection on ([`in_use_guard_options`]), shared by the tests
 /// that hold it.
 fn in_use_guard() -> Arc<Guard> {
     static SHARED: Mutex<Weak<Guard>> = Mutex::new(Weak::new());
@@ -298,47 +296,9 @@ fn in_use_guard() -> Arc<Guard> {
     if let Some(guard) = shared.upgrade() {
         return guard;
     }
-    guard_kubeconfig(); // the guard's namespace and the shipped ClusterRole
-    let rules =
-        std::fs::read_to_string(repo().join("manifests/helm/cds-secret-guard/files/in-use-rules.yaml")).unwrap();
-    let rules: Value = serde_saphyr::from_str(&rules).unwrap();
-    let roles = json!({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": "cds-secret-guard-in-use", "namespace": "cds-secret-guard"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "cds-secret-guard-in-use"}, "rules": rules},
-        binding("cds-secret-guard-in-use"),
-        binding("cds-secret-guard"),
-    ]});
-    let mut apply = kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    apply
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(roles.to_string().as_bytes())
-        .unwrap();
-    assert!(apply.wait().unwrap().success(), "apply the in-use roles");
-    let guard = Arc::new(Guard::start_with(GuardOptions {
-        kubeconfig: service_account_kubeconfig("cds-secret-guard", "cds-secret-guard-in-use"),
-        env: vec![("CDS_GUARD_IN_USE_PROTECTION".to_owned(), "true".to_owned())],
-        register: Some(vec!["--in-use-protection".to_owned()]),
-    }));
+    let guard = Arc::new(Guard::start_with(in_use_guard_options()));
     *shared = Arc::downgrade(&guard);
     guard
-}
-
-/// A ClusterRoleBinding of ClusterRole `role` to the in-use guard's service account.
-fn binding(role: &str) -> Value {
-    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-           "metadata": {"name": format!("{role}-for-in-use")},
-           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-           "subjects": [{"kind": "ServiceAccount", "name": "cds-secret-guard-in-use", "namespace": "cds-secret-guard"}]})
 }
 
 fn label(target: &[&str], ns: Option<&str>) {

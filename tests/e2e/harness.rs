@@ -217,6 +217,47 @@ impl Default for GuardOptions {
     }
 }
 
+/// A guard with in-use protection on, registered with `webhooks --in-use-protection`,
+/// running as the service account `cds-secret-guard-in-use`: bound to the shipped
+/// ClusterRole and to the chart's in-use rules (`files/in-use-rules.yaml`), nothing else.
+pub fn in_use_guard_options() -> GuardOptions {
+    guard_kubeconfig(); // the guard's namespace and the shipped ClusterRole
+    let rules = fs::read_to_string(repo().join("manifests/helm/cds-secret-guard/files/in-use-rules.yaml")).unwrap();
+    let rules: Value = serde_saphyr::from_str(&rules).unwrap();
+    let binding = |role: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": format!("{role}-for-in-use")},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+               "subjects": [{"kind": "ServiceAccount", "name": "cds-secret-guard-in-use", "namespace": "cds-secret-guard"}]})
+    };
+    let roles = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "cds-secret-guard-in-use", "namespace": "cds-secret-guard"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "cds-secret-guard-in-use"}, "rules": rules},
+        binding("cds-secret-guard-in-use"),
+        binding("cds-secret-guard"),
+    ]});
+    let mut apply = kubectl()
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(roles.to_string().as_bytes())
+        .unwrap();
+    assert!(apply.wait().unwrap().success(), "apply the in-use roles");
+    GuardOptions {
+        kubeconfig: service_account_kubeconfig("cds-secret-guard", "cds-secret-guard-in-use"),
+        env: vec![("CDS_GUARD_IN_USE_PROTECTION".to_owned(), "true".to_owned())],
+        register: Some(vec!["--in-use-protection".to_owned()]),
+    }
+}
+
 impl Guard {
     /// Makes certificates, starts `serve` as the guard's service account, waits until it
     /// is ready, registers it.

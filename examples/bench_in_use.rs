@@ -1,0 +1,389 @@
+//! In-use protection on the apiserver's path, on the local control plane (`make bench`
+//! runs it on a control plane of its own; see docs/design/benchmarks.md):
+//!
+//! 1. **Deletes** of a ConfigMap in an opted-in namespace (`dryRun=All`, so nothing
+//!    changes), one after the other as admin, with the guard's webhooks registered
+//!    (`webhooks --in-use-protection`) and without any, alternately: the deny path (a pod
+//!    uses the ConfigMap) and the allow path (no pod does), in a namespace of 10 pods and
+//!    in one of `--pods`.
+//! 2. **`helm uninstall`** of a release of 100 ConfigMaps, 100 Secrets and a Deployment of
+//!    two pods using some of them, in an opted-in namespace, with the guard and without.
+//!
+//! The guard runs as the service account `tests/e2e_in_use.rs` gives it. Prints tables.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod bench_support;
+#[path = "../tests/e2e/harness.rs"]
+mod e2e;
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use bench_support::{Table, f2, goal, median, median_ratio};
+use clap::Parser;
+use e2e::{Guard, TestNamespace, client, control_plane, in_use_guard_options, kubectl, repo, unregister_webhooks};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::json;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Alternating rounds of each case.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Deletes per run.
+    #[arg(long, default_value_t = 100)]
+    deletes: usize,
+    /// Pods in the large namespace.
+    #[arg(long, default_value_t = 10_000)]
+    pods: usize,
+    /// Skip the `helm uninstall` runs.
+    #[arg(long)]
+    no_uninstall: bool,
+}
+
+const OPT_IN: &str = "cds-secret-guard/in-use-protection=enabled";
+
+/// Whether the guard's webhooks are registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Webhook {
+    None,
+    Guard,
+}
+
+/// The webhook configurations of a running guard, registered or not at will.
+struct Registration<'a> {
+    guard: &'a Guard,
+    probe: Api<ConfigMap>,
+}
+
+impl Registration<'_> {
+    /// Registers (or removes) the webhooks, and waits until a dry-run delete of the used
+    /// ConfigMap of the probe namespace is refused (or let through).
+    async fn set(&self, webhook: Webhook) {
+        match webhook {
+            Webhook::Guard => {
+                let applied = kubectl()
+                    .args(["apply", "-f"])
+                    .arg(self.guard.webhooks_yaml())
+                    .output()
+                    .unwrap();
+                assert!(applied.status.success(), "{applied:?}");
+            }
+            Webhook::None => assert!(unregister_webhooks(), "unregister the webhooks"),
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let refused = self
+                .probe
+                .delete("used", &DeleteParams::default().dry_run())
+                .await
+                .is_err();
+            if refused == (webhook == Webhook::Guard) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{webhook:?} never took effect");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// An opted-in namespace of `pods` pods naming nothing, the ConfigMap `used` and a pod
+/// using it, and the ConfigMap `unused`.
+async fn namespace(prefix: &str, pods: usize) -> TestNamespace {
+    let ns = TestNamespace::new(prefix).await;
+    let labelled = kubectl()
+        .args(["label", "namespace", &ns.name, OPT_IN])
+        .output()
+        .unwrap();
+    assert!(labelled.status.success(), "{labelled:?}");
+    let config_maps: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+    for name in ["used", "unused"] {
+        let config_map = serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap();
+        config_maps.create(&PostParams::default(), &config_map).await.unwrap();
+    }
+    let user = pod("user", Some("used"));
+    ns.pods().create(&PostParams::default(), &user).await.unwrap();
+    let started = Instant::now();
+    stream::iter(0..pods.saturating_sub(1))
+        .map(|i| {
+            let pods = ns.pods();
+            async move {
+                pods.create(&PostParams::default(), &pod(&format!("filler-{i:05}"), None))
+                    .await
+                    .map(drop)
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await
+        .expect("create the pods");
+    eprintln!("bench_in_use: {} pods in {} in {:?}", pods, ns.name, started.elapsed());
+    ns
+}
+
+/// A pod, not scheduled (the control plane has no node), using `config_map` if given.
+fn pod(name: &str, config_map: Option<&str>) -> Pod {
+    let env_from = config_map.map(|name| json!([{"configMapRef": {"name": name}}]));
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "app", "image": "busybox", "envFrom": env_from.unwrap_or(json!([]))}]},
+    }))
+    .unwrap()
+}
+
+/// `count` dry-run deletes of `name`, one after the other: their latencies in ms.
+async fn deletes(client: &Client, namespace: &str, name: &str, count: usize, refused: bool) -> Vec<f64> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let mut latencies = Vec::with_capacity(count);
+    for _ in 0..count {
+        let start = Instant::now();
+        let answer = config_maps.delete(name, &DeleteParams::default().dry_run()).await;
+        latencies.push(start.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(answer.is_err(), refused, "{name} in {namespace}: {:?}", answer.err());
+    }
+    latencies
+}
+
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// p50 and p99 of each run, per case.
+#[derive(Default)]
+struct Runs {
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+}
+
+impl Runs {
+    fn add(&mut self, latencies: &[f64]) {
+        self.p50.push(percentile(latencies, 0.5));
+        self.p99.push(percentile(latencies, 0.99));
+    }
+}
+
+async fn delete_paths(args: &Args, guard: &Guard) {
+    let admin = client().await;
+    let small = namespace("in-use-bench-10", 10).await;
+    let large = namespace("in-use-bench-large", args.pods).await;
+    let registration = Registration {
+        guard,
+        probe: Api::namespaced(admin.clone(), &small.name),
+    };
+    // [namespace][path][webhook]
+    let mut runs: Vec<Vec<[Runs; 2]>> = (0..2).map(|_| (0..2).map(|_| Default::default()).collect()).collect();
+    for round in 0..args.rounds {
+        // Alternate which goes first, so that neither always runs on a warmer apiserver.
+        let order = if round % 2 == 0 {
+            [Webhook::Guard, Webhook::None]
+        } else {
+            [Webhook::None, Webhook::Guard]
+        };
+        for webhook in order {
+            registration.set(webhook).await;
+            for (n, ns) in [&small, &large].into_iter().enumerate() {
+                for (p, (name, denied)) in [("used", true), ("unused", false)].into_iter().enumerate() {
+                    let refused = denied && webhook == Webhook::Guard;
+                    let latencies = deletes(&admin, &ns.name, name, args.deletes, refused).await;
+                    runs[n][p][webhook as usize].add(&latencies);
+                }
+            }
+        }
+    }
+    registration.set(Webhook::Guard).await;
+
+    let mut table = Table::new(
+        format!(
+            "In-use protection: a ConfigMap delete (dry run), one at a time, {} rounds of {} deletes",
+            args.rounds, args.deletes
+        ),
+        &[
+            "path",
+            "pods",
+            "guard p50 ms",
+            "no webhook p50 ms",
+            "ratio p50",
+            "guard p99 ms",
+            "no webhook p99 ms",
+            "ratio p99",
+        ],
+    );
+    let mut goals = Vec::new();
+    for (p, path) in ["deny (a pod uses it)", "allow (no pod does)"].into_iter().enumerate() {
+        for (n, pods) in [10, args.pods].into_iter().enumerate() {
+            let [none, guarded] = &runs[n][p];
+            let ratio = median_ratio(&guarded.p50, &none.p50);
+            table.row(vec![
+                path.to_owned(),
+                pods.to_string(),
+                f2(median(&guarded.p50)),
+                f2(median(&none.p50)),
+                goal(ratio, ratio <= 2.0, "≤ 2.0"),
+                f2(median(&guarded.p99)),
+                f2(median(&none.p99)),
+                f2(median_ratio(&guarded.p99, &none.p99)),
+            ]);
+        }
+        let scale = median(&runs[1][p][1].p50) / median(&runs[0][p][1].p50);
+        goals.push(format!(
+            "- {path}: guard p50 with {} pods / with 10: {}",
+            args.pods,
+            goal(scale, scale <= 1.5, "≤ 1.5")
+        ));
+    }
+    for line in goals {
+        table.note(line);
+    }
+    table.print();
+}
+
+// --- helm uninstall ---
+
+/// A chart of 100 ConfigMaps, 100 Secrets and a Deployment of two pods using the first of
+/// each, written under target/bench.
+fn chart() -> PathBuf {
+    let dir = repo().join("target/bench/in-use-chart");
+    std::fs::create_dir_all(dir.join("templates")).unwrap();
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        "apiVersion: v2\nname: in-use-bench\nversion: 0.1.0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("templates/objects.yaml"),
+        r#"{{- range $i := until 100 }}
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings-{{ $i }}}
+data: {mode: "on"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: token-{{ $i }}}
+stringData: {token: "t"}
+---
+{{- end }}
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+        - name: app
+          image: busybox
+          envFrom: [{configMapRef: {name: settings-0}}, {secretRef: {name: token-0}}]
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+fn helm() -> Command {
+    let mut command = Command::new(repo().join("target/tools/bin/helm"));
+    command.env("KUBECONFIG", control_plane());
+    command
+}
+
+/// Installs the release, waits for its two pods, and times `helm uninstall`.
+async fn uninstall_once(chart: &PathBuf, namespace: &str) -> Duration {
+    let installed = helm()
+        .args(["install", "bench", "-n", namespace])
+        .arg(chart)
+        .output()
+        .unwrap();
+    assert!(installed.status.success(), "{installed:?}");
+    let pods: Api<Pod> = Api::namespaced(client().await, namespace);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+        .len()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "the Deployment's pods never came");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let start = Instant::now();
+    let uninstalled = helm().args(["uninstall", "bench", "-n", namespace]).output().unwrap();
+    let took = start.elapsed();
+    assert!(uninstalled.status.success(), "{uninstalled:?}");
+    // Wait for the Deployment's pods to go before the next install.
+    while !pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(60),
+            "the pods never went"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    took
+}
+
+async fn uninstalls(args: &Args, guard: &Guard) {
+    let chart = chart();
+    let ns = namespace("in-use-bench-helm", 0).await;
+    let registration = Registration {
+        guard,
+        probe: Api::namespaced(client().await, &ns.name),
+    };
+    let mut times: [Vec<f64>; 2] = Default::default();
+    for round in 0..args.rounds {
+        let order = if round % 2 == 0 {
+            [Webhook::Guard, Webhook::None]
+        } else {
+            [Webhook::None, Webhook::Guard]
+        };
+        for webhook in order {
+            registration.set(webhook).await;
+            let took = uninstall_once(&chart, &ns.name).await;
+            times[webhook as usize].push(took.as_secs_f64());
+        }
+    }
+    registration.set(Webhook::Guard).await;
+    let mut table = Table::new(
+        format!(
+            "In-use protection: helm uninstall of 100 ConfigMaps, 100 Secrets and a Deployment of two pods using some, {} rounds",
+            args.rounds
+        ),
+        &["guard s", "no webhook s", "ratio"],
+    );
+    let ratio = median_ratio(&times[1], &times[0]);
+    table.row(vec![
+        f2(median(&times[1])),
+        f2(median(&times[0])),
+        goal(ratio, ratio <= 1.5, "≤ 1.5"),
+    ]);
+    table.print();
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    control_plane();
+    let guard = Guard::start_with(in_use_guard_options());
+    delete_paths(&args, &guard).await;
+    if !args.no_uninstall {
+        uninstalls(&args, &guard).await;
+    }
+}
