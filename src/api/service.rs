@@ -124,19 +124,25 @@ fn respond(uid: &str, verdict: Verdict, enforced: bool) -> Answer<'_> {
         return answer;
     }
     answer.audit_annotations = audit::annotations(&verdict);
+    refuse(&mut answer, verdict.message, enforced);
+    answer
+}
+
+/// Refuses the request with `message`, or in warn mode lets it through with `message` as
+/// a warning.
+fn refuse(answer: &mut Answer<'_>, message: String, enforced: bool) {
     if enforced {
         answer.allowed = false;
         // Forbidden, not kube's default Bad Request: the request was fine, the delete is not allowed.
         answer.status = Some(Status {
             code: 403,
-            message: verdict.message,
+            message,
             reason: "Forbidden".to_owned(),
             ..Status::default()
         });
     } else {
-        answer.warnings = vec![format!("cds-secret-guard would deny: {}", verdict.message)];
+        answer.warnings = vec![format!("cds-secret-guard would deny: {message}")];
     }
-    answer
 }
 
 /// The secret's name (see [`object_name`]).
@@ -225,19 +231,8 @@ pub async fn validate_in_use_delete<'a>(
     }
     // A forced delete goes through, and the apiserver's audit log says so.
     answer.audit_annotations = audit::in_use_annotations(&verdict);
-    if verdict.allowed {
-        return answer;
-    }
-    if enforced {
-        answer.allowed = false;
-        answer.status = Some(Status {
-            code: 403,
-            message: verdict.message,
-            reason: "Forbidden".to_owned(),
-            ..Status::default()
-        });
-    } else {
-        answer.warnings = vec![format!("cds-secret-guard would deny: {}", verdict.message)];
+    if !verdict.allowed {
+        refuse(&mut answer, verdict.message, enforced);
     }
     answer
 }
