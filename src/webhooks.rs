@@ -338,6 +338,11 @@ mod tests {
         args
     }
 
+    /// A selector's matchExpressions.
+    fn requirements(selector: &Option<LabelSelector>) -> &[LabelSelectorRequirement] {
+        selector.as_ref().unwrap().match_expressions.as_deref().unwrap()
+    }
+
     #[test]
     fn committed_manifest_is_the_generated_one() {
         let generated = render(&args(&["--service", "cds-secret-guard/cds-secret-guard"])).unwrap();
@@ -362,16 +367,8 @@ mod tests {
         assert_eq!(secret.side_effects, "NoneOnDryRun");
         assert!(secret.timeout_seconds.is_some_and(|t| t <= 5));
         assert_eq!(secret.admission_review_versions, ["v1"]);
-        let excluded = secret
-            .namespace_selector
-            .as_ref()
-            .unwrap()
-            .match_expressions
-            .as_ref()
-            .unwrap()[0]
-            .values
-            .clone();
-        assert_eq!(excluded.unwrap(), ["kube-system", "cds-secret-guard"]);
+        let excluded = &requirements(&secret.namespace_selector)[0].values;
+        assert_eq!(excluded.as_deref().unwrap(), ["kube-system", "cds-secret-guard"]);
         let pod = &mutating.webhooks.unwrap()[0];
         assert_eq!(pod.client_config.url.as_deref(), Some("https://127.0.0.1:8443/mutate"));
         assert_eq!(pod.failure_policy.as_deref(), Some("Ignore"));
@@ -441,14 +438,7 @@ mod tests {
                 .map(|condition| condition.name.as_str())
                 .collect();
             assert_eq!(conditions, ["not-root-ca", "not-exempt"]);
-            let excluded = webhook
-                .namespace_selector
-                .as_ref()
-                .unwrap()
-                .match_expressions
-                .as_ref()
-                .unwrap();
-            let name = excluded
+            let name = requirements(&webhook.namespace_selector)
                 .iter()
                 .find(|requirement| requirement.key == "kubernetes.io/metadata.name")
                 .unwrap();
@@ -463,13 +453,7 @@ mod tests {
         );
         assert_eq!(namespaces.object_selector, None);
         // ...and elsewhere, opted-in objects: a namespace NotIn the opt-in, never both.
-        let others = &objects
-            .namespace_selector
-            .as_ref()
-            .unwrap()
-            .match_expressions
-            .as_ref()
-            .unwrap()[0];
+        let others = &requirements(&objects.namespace_selector)[0];
         assert_eq!(
             (others.key.as_str(), others.operator.as_str(), others.values.as_deref()),
             (OPT_IN_LABEL, "NotIn", Some(&[OPT_IN_VALUE.to_owned()][..]))
@@ -485,14 +469,7 @@ mod tests {
         )
         .unwrap();
         for webhook in &validating.webhooks.unwrap()[1..] {
-            let expressions = webhook
-                .namespace_selector
-                .as_ref()
-                .unwrap()
-                .match_expressions
-                .as_ref()
-                .unwrap();
-            let name = expressions.last().unwrap();
+            let name = requirements(&webhook.namespace_selector).last().unwrap();
             assert_eq!(
                 (name.operator.as_str(), name.values.as_deref()),
                 ("In", Some(&["cds".to_owned()][..]))
@@ -516,7 +493,7 @@ mod tests {
             validating.webhooks.unwrap()[0].namespace_selector.clone(),
             mutating.webhooks.unwrap()[0].namespace_selector.clone(),
         ] {
-            let requirement = &selector.unwrap().match_expressions.unwrap()[0];
+            let requirement = &requirements(&selector)[0];
             assert_eq!(requirement.operator, "In");
             assert_eq!(
                 requirement.values.as_deref(),

@@ -65,14 +65,10 @@ fn apply_chart_renewal_objects() -> ChartRenewalObjects {
     let _ = kubectl()
         .args(["-n", NAMESPACE, "delete", "secret", STATE, "--ignore-not-found"])
         .output();
-    let mut apply = kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    apply.stdin.take().unwrap().write_all(&rendered.stdout).unwrap();
-    assert!(apply.wait().unwrap().success(), "apply the chart's renewal objects");
+    assert!(
+        kubectl_apply(None, &rendered.stdout),
+        "apply the chart's renewal objects"
+    );
     ChartRenewalObjects(rendered.stdout)
 }
 
@@ -86,14 +82,7 @@ fn register_without_ca(url: &str, namespace: &str) {
     assert!(printed.status.success(), "webhooks: {printed:?}");
     let text = String::from_utf8(printed.stdout).unwrap();
     assert!(!text.contains("caBundle"), "printed without a CA");
-    let mut apply = kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    apply.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    assert!(apply.wait().unwrap().success(), "apply the webhooks");
+    assert!(kubectl_apply(None, text.as_bytes()), "apply the webhooks");
 }
 
 /// The CAs (DER, base64) each webhook of both configurations trusts.

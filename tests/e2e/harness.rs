@@ -45,6 +45,23 @@ pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `kubectl apply -f -` of `manifest` as admin, in `namespace` if given; whether it
+/// succeeded.
+pub fn kubectl_apply(namespace: Option<&str>, manifest: &[u8]) -> bool {
+    let mut command = kubectl();
+    if let Some(namespace) = namespace {
+        command.args(["-n", namespace]);
+    }
+    let mut apply = command
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    apply.stdin.take().unwrap().write_all(manifest).unwrap();
+    apply.wait().unwrap().success()
+}
+
 /// The admin kubeconfig of the local control plane, brought up once per test binary.
 pub fn control_plane() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
@@ -238,19 +255,10 @@ pub fn in_use_guard_options() -> GuardOptions {
         binding("cds-secret-guard-in-use"),
         binding("cds-secret-guard"),
     ]});
-    let mut apply = kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    apply
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(roles.to_string().as_bytes())
-        .unwrap();
-    assert!(apply.wait().unwrap().success(), "apply the in-use roles");
+    assert!(
+        kubectl_apply(None, roles.to_string().as_bytes()),
+        "apply the in-use roles"
+    );
     GuardOptions {
         kubeconfig: service_account_kubeconfig("cds-secret-guard", "cds-secret-guard-in-use"),
         env: vec![("CDS_GUARD_IN_USE_PROTECTION".to_owned(), "true".to_owned())],
@@ -421,14 +429,10 @@ impl Guard {
             String::from_utf8_lossy(&output.stderr)
         );
         fs::write(self.dir.join("webhooks.yaml"), &output.stdout).unwrap();
-        let mut apply = kubectl()
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        apply.stdin.take().unwrap().write_all(&output.stdout).unwrap();
-        assert!(apply.wait().unwrap().success(), "kubectl apply of the webhooks failed");
+        assert!(
+            kubectl_apply(None, &output.stdout),
+            "kubectl apply of the webhooks failed"
+        );
         // A guard for some namespaces only is probed in the first of them.
         let namespace = flags
             .iter()
@@ -633,14 +637,10 @@ impl TestNamespace {
 
     /// Applies YAML (or JSON) objects as admin.
     pub fn apply(&self, manifest: &str) {
-        let mut apply = kubectl()
-            .args(["-n", &self.name, "apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        apply.stdin.take().unwrap().write_all(manifest.as_bytes()).unwrap();
-        assert!(apply.wait().unwrap().success(), "kubectl apply failed:\n{manifest}");
+        assert!(
+            kubectl_apply(Some(&self.name), manifest.as_bytes()),
+            "kubectl apply failed:\n{manifest}"
+        );
     }
 
     /// Lets `user` create, read and delete pods in the namespace, and nothing else.
