@@ -58,6 +58,18 @@ enum Webhook {
     Guard,
 }
 
+impl Webhook {
+    /// Which goes first in `round`: each in turn, so that neither always runs on a warmer
+    /// apiserver.
+    fn order(round: usize) -> [Self; 2] {
+        if round.is_multiple_of(2) {
+            [Self::Guard, Self::None]
+        } else {
+            [Self::None, Self::Guard]
+        }
+    }
+}
+
 /// The webhook configurations of a running guard, registered or not at will.
 struct Registration<'a> {
     guard: &'a Guard,
@@ -183,13 +195,7 @@ async fn delete_paths(args: &Args, guard: &Guard) {
     // [namespace][path][webhook]
     let mut runs: Vec<Vec<[Runs; 2]>> = (0..2).map(|_| (0..2).map(|_| Default::default()).collect()).collect();
     for round in 0..args.rounds {
-        // Alternate which goes first, so that neither always runs on a warmer apiserver.
-        let order = if round % 2 == 0 {
-            [Webhook::Guard, Webhook::None]
-        } else {
-            [Webhook::None, Webhook::Guard]
-        };
-        for webhook in order {
+        for webhook in Webhook::order(round) {
             registration.set(webhook).await;
             for (n, ns) in [&small, &large].into_iter().enumerate() {
                 for (p, (name, denied)) in [("used", true), ("unused", false)].into_iter().enumerate() {
@@ -349,12 +355,7 @@ async fn uninstalls(args: &Args, guard: &Guard) {
     };
     let mut times: [Vec<f64>; 2] = Default::default();
     for round in 0..args.rounds {
-        let order = if round % 2 == 0 {
-            [Webhook::Guard, Webhook::None]
-        } else {
-            [Webhook::None, Webhook::Guard]
-        };
-        for webhook in order {
+        for webhook in Webhook::order(round) {
             registration.set(webhook).await;
             let took = uninstall_once(&chart, &ns.name).await;
             times[webhook as usize].push(took.as_secs_f64());

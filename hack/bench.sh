@@ -65,6 +65,17 @@ apiserver_profiles() { # apiserver_profiles DIR
 }
 wants() { [[ " $parts " == *" $1 "* ]]; }
 
+# A fresh control plane on the benchmark's ports, stopped at exit: leftovers of an earlier
+# run would be measured too.
+own_control_plane() {
+	export CDS_CP_APISERVER_PORT="${CDS_CP_APISERVER_PORT:-9443}"
+	export CDS_CP_ETCD_CLIENT_PORT="${CDS_CP_ETCD_CLIENT_PORT:-4379}"
+	export CDS_CP_ETCD_PEER_PORT="${CDS_CP_ETCD_PEER_PORT:-4380}"
+	"$cluster" down
+	trap '"$cluster" down' EXIT
+	"$cluster" up
+}
+
 # ---- tools ----
 if [[ ! -x "$OHA" ]]; then
 	log "installing oha (crates.io) into $tools"
@@ -112,13 +123,7 @@ fi
 # ---- 4. the apiserver path ----
 if wants apiserver; then
 	log "4/5 the apiserver path, on a control plane of its own"
-	export CDS_CP_APISERVER_PORT="${CDS_CP_APISERVER_PORT:-9443}"
-	export CDS_CP_ETCD_CLIENT_PORT="${CDS_CP_ETCD_CLIENT_PORT:-4379}"
-	export CDS_CP_ETCD_PEER_PORT="${CDS_CP_ETCD_PEER_PORT:-4380}"
-	# A fresh one: leftovers of an earlier run would be measured too.
-	"$cluster" down
-	trap '"$cluster" down' EXIT
-	"$cluster" up
+	own_control_plane
 	profiles="$repo/target/bench/apiserver-pprof"
 	rm -rf "$profiles"
 	# shellcheck disable=SC2086
@@ -129,12 +134,7 @@ fi
 # ---- 5. in-use protection ----
 if wants in-use; then
 	log "5/5 in-use protection, on a control plane of its own"
-	export CDS_CP_APISERVER_PORT="${CDS_CP_APISERVER_PORT:-9443}"
-	export CDS_CP_ETCD_CLIENT_PORT="${CDS_CP_ETCD_CLIENT_PORT:-4379}"
-	export CDS_CP_ETCD_PEER_PORT="${CDS_CP_ETCD_PEER_PORT:-4380}"
-	"$cluster" down
-	trap '"$cluster" down' EXIT
-	"$cluster" up
+	own_control_plane
 	tests/tools/build.sh # helm
 	# shellcheck disable=SC2086
 	target/release/examples/bench_in_use ${BENCH_IN_USE_ARGS:-}
