@@ -16,7 +16,8 @@
 //! - [`references`]: the Secrets and ConfigMaps a pod names, as Kubernetes counts them;
 //! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
 //! - [`pod_cache`]: the reconciler's pod watches as the decisions' cache, and when it
-//!   may stand in for a quorum read;
+//!   may stand in for a quorum read ([`revision`]);
+//! - [`namespaces`]: a watch of the namespaces, which lets a denial stand without a read;
 //! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
 //! - [`lease`]: the Lease that elects the one replica doing that work;
 //! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
@@ -37,12 +38,14 @@ pub mod lease;
 pub mod lookup;
 pub mod metrics;
 pub mod mutation;
+pub mod namespaces;
 pub mod owner_refs;
 pub mod pod;
 pub mod pod_cache;
 pub mod policy;
 pub mod references;
 pub mod renewal;
+pub mod revision;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

@@ -5,33 +5,22 @@
 //! never with `resourceVersion=0`. Deciding "pod absent" from a stale read is exactly the
 //! bug this guard exists to stop.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use futures::{FutureExt, StreamExt};
-use k8s_openapi::{
-    api::core::v1::{Namespace, Pod, Secret},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
-use kube::{
-    Api, Client,
-    api::ListParams,
-    core::PartialObjectMeta,
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
-        watcher::{self, watcher},
-    },
-};
+use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use kube::{Api, Client, api::ListParams};
 use tokio::time::Instant;
 
 use crate::{
     Error, Result,
     in_use::{Dependent, InUseLookup},
     metrics::Metrics,
+    namespaces::{self, NamespaceCache},
     pod::{PodState, WorkerPod},
-    pod_cache::{PodCache, PodWatch, parse_revision},
+    pod_cache::{PodCache, PodWatch},
     references::Kind,
+    revision::{self, parse_revision},
 };
 
 /// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
@@ -94,9 +83,8 @@ pub struct KubeLookup {
     pods: PodCache,
     /// Counts the label reads by where they were answered, when set.
     metrics: Option<Arc<Metrics>>,
-    /// Metadata-only caches of the watched namespaces, by name (one for all namespaces
-    /// under the empty name), when [`KubeLookup::watching_namespaces`] set them up.
-    namespaces: Arc<HashMap<String, Store<PartialObjectMeta<Namespace>>>>,
+    /// The namespaces as a watch shows them, when [`KubeLookup::with_namespaces`] set it.
+    namespaces: NamespaceCache,
 }
 
 /// A [`ClusterLookup`] that always fails: used when no Kubernetes client can be
@@ -113,7 +101,7 @@ impl KubeLookup {
             client,
             pods: PodCache::default(),
             metrics: None,
-            namespaces: Arc::default(),
+            namespaces: NamespaceCache::default(),
         }
     }
 
@@ -135,16 +123,6 @@ impl KubeLookup {
         self.pods
             .watching(namespace, label)
             .filter(|watch| watch.is_busy(CATCH_UP))
-    }
-
-    /// The current revision, read by quorum: a LIST of the one name `name`, metadata
-    /// only (a single-key read in the apiserver, whatever the namespace holds).
-    async fn revision(&self, namespace: &str, name: &str) -> Result<Option<u64>> {
-        let pods: Api<PartialObjectMeta<Pod>> = Api::namespaced(self.client.clone(), namespace);
-        let params = ListParams::default().fields(&format!("metadata.name={name}"));
-        debug_assert!(params.resource_version.is_none(), "the revision must be read by quorum");
-        let current = pods.list_metadata(&params).await?;
-        Ok(parse_revision(current.metadata.resource_version.as_deref()))
     }
 
     /// The pod named `name` and the current revision, by one quorum read: a LIST of that
@@ -208,54 +186,11 @@ impl KubeLookup {
         }
     }
 
-    /// Keeps a metadata-only cache of the namespaces in `scope` (all when empty), so that
-    /// a denial in a namespace the cache shows alive stands without a read: only a
-    /// namespace the cache shows terminating (or does not know) is read by quorum. Returns
-    /// the watches to run.
-    pub fn watching_namespaces(mut self, scope: &[String]) -> (Self, impl Future<Output = ()> + Send + use<>) {
-        let all: Api<PartialObjectMeta<Namespace>> = Api::all(self.client.clone());
-        let watches: Vec<(String, watcher::Config)> = if scope.is_empty() {
-            vec![(String::new(), watcher::Config::default())]
-        } else {
-            // One watch per namespace, by name: what a Role limited to those names allows.
-            scope
-                .iter()
-                .map(|name| {
-                    (
-                        name.clone(),
-                        watcher::Config::default().fields(&format!("metadata.name={name}")),
-                    )
-                })
-                .collect()
-        };
-        let mut stores = HashMap::new();
-        let mut runs = Vec::new();
-        for (key, config) in watches {
-            let (store, writer) = reflector::store();
-            stores.insert(key, store);
-            let events = watcher(all.clone(), config)
-                .default_backoff()
-                .modify(|ns| {
-                    ns.metadata.managed_fields = None;
-                    ns.metadata.annotations = None;
-                })
-                .reflect(writer)
-                .for_each(|event| async move {
-                    if let Err(error) = event {
-                        tracing::debug!(%error, "namespace watch error, retrying");
-                    }
-                });
-            runs.push(events);
-        }
-        self.namespaces = Arc::new(stores);
-        (self, futures::future::join_all(runs).map(|_| ()))
-    }
-
-    /// What the cache says of a namespace: `Some(false)` when it shows it alive.
-    fn cached_terminating(&self, namespace: &str) -> Option<bool> {
-        let store = self.namespaces.get(namespace).or_else(|| self.namespaces.get(""))?;
-        let cached = store.get(&ObjectRef::new(namespace))?;
-        Some(cached.metadata.deletion_timestamp.is_some())
+    /// Keeps `namespaces`, a cache of the namespaces in the guard's scope: a denial in a
+    /// namespace it shows alive stands without a read.
+    #[must_use]
+    pub fn with_namespaces(self, namespaces: NamespaceCache) -> Self {
+        Self { namespaces, ..self }
     }
 }
 
@@ -272,7 +207,7 @@ impl ClusterLookup for KubeLookup {
             self.count_listed();
             return self.list_labelled(namespace, label, value).await;
         };
-        let revision = self.revision(namespace, value).await?;
+        let revision = revision::current(&self.client, namespace, value).await?;
         match self.labelled_from_watch(&watch, revision, namespace, value).await {
             Some(found) => Ok(found),
             None => self.list_labelled(namespace, label, value).await,
@@ -318,14 +253,7 @@ impl ClusterLookup for KubeLookup {
     }
 
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
-        // A cache that shows the namespace alive lets a denial stand (the safe side);
-        // only a quorum read may turn it into an allow.
-        if self.cached_terminating(namespace) == Some(false) {
-            return Ok(false);
-        }
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let found = namespaces.get_metadata_opt(namespace).await?;
-        Ok(found.is_some_and(|ns| ns.metadata.deletion_timestamp.is_some()))
+        namespaces::terminating(&self.client, &self.namespaces, namespace).await
     }
 
     fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {

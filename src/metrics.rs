@@ -23,6 +23,7 @@ pub struct Metrics {
     lookup_duration: Histogram,
     lookup_errors: Counter,
     label_reads: Family<SourceLabels, Counter>,
+    in_use_reads: Family<SourceLabels, Counter>,
     certificate_reloads: Family<ResultLabels, Counter>,
     certificate_expiry: Gauge,
     ca_expiry: Gauge,
@@ -118,6 +119,12 @@ impl Default for Metrics {
             "Reads of the pods carrying a worker label, by source: the pod watch once caught up with a quorum revision, or a LIST",
             label_reads.clone(),
         );
+        let in_use_reads = Family::<SourceLabels, Counter>::default();
+        registry.register(
+            "in_use_user_reads",
+            "Reads of the pods that use an opted-in object, by source: the pod index once caught up with a quorum revision, or a LIST",
+            in_use_reads.clone(),
+        );
         let certificate_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "certificate_reloads",
@@ -192,6 +199,7 @@ impl Default for Metrics {
             lookup_duration,
             lookup_errors,
             label_reads,
+            in_use_reads,
             certificate_reloads,
             certificate_expiry,
             ca_expiry,
@@ -247,6 +255,12 @@ impl Metrics {
     pub fn label_read(&self, from_watch: bool) {
         let source = if from_watch { "watch" } else { "list" };
         self.label_reads.get_or_create(&SourceLabels { source }).inc();
+    }
+
+    /// Counts a read of the pods that use an opted-in object, by where it was answered.
+    pub fn in_use_read(&self, from_index: bool) {
+        let source = if from_index { "index" } else { "list" };
+        self.in_use_reads.get_or_create(&SourceLabels { source }).inc();
     }
 
     /// Counts a certificate reload attempt.

@@ -2,11 +2,9 @@
 //!
 //! A pod the cache shows live may justify a denial at once: the safe side. The cache may
 //! also say which pods carry a worker's label, which an allow needs, but only once it has
-//! caught up with a revision read by quorum after the request arrived: the technique the
-//! apiserver uses for consistent reads from its own watch cache. A watch delivers its
-//! events in revision order, so a watch that has delivered an event at revision R or later
-//! shows every change to its pods up to R. Without that proof the label is read by quorum
-//! (a LIST, which costs the apiserver a scan of the namespace's pods).
+//! caught up with a revision read by quorum after the request arrived
+//! ([`crate::revision`]). Without that proof the label is read by quorum (a LIST, which
+//! costs the apiserver a scan of the namespace's pods).
 
 use std::{
     collections::HashMap,
@@ -20,7 +18,10 @@ use kube::runtime::{
 };
 use tokio::{sync::watch, time::Instant};
 
-use crate::pod::{PodLiveness, PodState};
+use crate::{
+    pod::{PodLiveness, PodState},
+    revision::parse_revision,
+};
 
 /// The worker-labelled pods the reconciler's watches see: one [`PodWatch`] per watched
 /// namespace, or one for all.
@@ -266,11 +267,6 @@ impl WorkerNames {
     }
 }
 
-/// A resourceVersion as the revision it is (etcd's); `None` if it is not one.
-pub fn parse_revision(resource_version: Option<&str>) -> Option<u64> {
-    resource_version?.parse().ok()
-}
-
 fn revision_of(pod: &PodLiveness) -> Option<u64> {
     parse_revision(pod.metadata.resource_version.as_deref())
 }
@@ -411,12 +407,5 @@ mod tests {
         assert!(cache.watching("cds", "team").is_none());
         cache.add(None, LABEL);
         assert!(cache.watching("other", LABEL).is_some());
-    }
-
-    #[test]
-    fn revisions_are_etcd_revisions_or_nothing() {
-        assert_eq!(parse_revision(Some("1234")), Some(1234));
-        assert_eq!(parse_revision(Some("not-a-number")), None);
-        assert_eq!(parse_revision(None), None);
     }
 }

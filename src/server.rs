@@ -46,6 +46,7 @@ use crate::{
     lease::{Elector, Leadership},
     lookup::{ClusterLookup, KubeLookup, Unavailable},
     metrics::Metrics,
+    namespaces::NamespaceCache,
     owner_refs::Reconciler,
     pod_cache::PodCache,
     renewal::Renewer,
@@ -116,11 +117,21 @@ impl Server {
                     leadership,
                     elector,
                 };
-                let in_use = Arc::new(KubeInUse::new(client.clone()));
-                let (lookup, namespaces) = KubeLookup::new(client)
+                let (namespaces, namespace_watches) = NamespaceCache::watching(&client, &config.policy.namespaces);
+                tokio::spawn(namespace_watches);
+                let in_use = KubeInUse::new(client.clone());
+                let in_use = if config.in_use_protection {
+                    let (in_use, pod_watches) =
+                        in_use.watching(&config.policy.namespaces, namespaces.clone(), metrics.clone());
+                    tokio::spawn(pod_watches);
+                    in_use
+                } else {
+                    in_use
+                };
+                let lookup = KubeLookup::new(client)
                     .with_pod_cache(pods, metrics.clone())
-                    .watching_namespaces(&config.policy.namespaces);
-                tokio::spawn(namespaces);
+                    .with_namespaces(namespaces);
+                let in_use = Arc::new(in_use);
                 let mut server = Self::build(config, Arc::new(lookup), in_use, metrics, events, Some(adoption));
                 server.client = Some(client_for_renewal);
                 server

@@ -15,7 +15,9 @@ use std::{
 };
 
 use cds_secret_guard::{
-    in_use::{self, KubeInUse, ObjectDelete, Reason, Verdict},
+    in_use::{self, InUseLookup, KubeInUse, ObjectDelete, Reason, Verdict},
+    metrics::Metrics,
+    namespaces::NamespaceCache,
     references::Kind,
 };
 use harness::*;
@@ -290,6 +292,97 @@ async fn an_optional_reference_is_no_use() {
 
 /// The guard with in-use protection on ([`in_use_guard_options`]), shared by the tests
 /// that hold it.
+/// The in-use reads of `metrics` from `source` (index, list).
+fn user_reads(metrics: &Metrics, source: &str) -> u64 {
+    let text = metrics.encode().unwrap();
+    let series = format!("cds_secret_guard_in_use_user_reads_total{{source=\"{source}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |count| count.parse().unwrap())
+}
+
+/// A pod of `name` reading the ConfigMap `config_map` through a volume.
+fn reader(name: &str, config_map: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "app", "image": "busybox"}],
+            "volumes": [{"name": "settings", "configMap": {"name": config_map}}],
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_pod_index_answers_for_the_list_and_misses_no_pod_created_a_moment_before() {
+    let ns = TestNamespace::new("in-use-index").await;
+    let metrics = Arc::new(Metrics::default());
+    let (lookup, watches) = KubeInUse::new(client().await).watching(
+        std::slice::from_ref(&ns.name),
+        NamespaceCache::default(),
+        metrics.clone(),
+    );
+    let watches = tokio::spawn(watches);
+    let pods = ns.pods();
+    pods.create(&PostParams::default(), &reader("busy", "nothing"))
+        .await
+        .unwrap();
+    // Pod writes every 10 ms: the watch is busy, as on a cluster with pods coming and going.
+    let churn = tokio::spawn({
+        let pods = pods.clone();
+        async move {
+            for i in 0.. {
+                let patch = json!({"metadata": {"labels": {"tick": i.to_string()}}});
+                let _ = pods.patch("busy", &PatchParams::default(), &Patch::Merge(&patch)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let delete = |name: &'static str| ObjectDelete {
+        kind: Kind::ConfigMap,
+        namespace: &ns.name,
+        name,
+        object: None,
+        exempt: false,
+    };
+    until("the index is filled", async || {
+        !lookup.cached_users(&ns.name, Kind::ConfigMap, "nothing").is_empty()
+    })
+    .await;
+
+    // A pod created, then at once a delete of what it reads: never missed.
+    let names = ["settings-0", "settings-1", "settings-2", "settings-3", "settings-4"];
+    for (i, config_map) in names.into_iter().enumerate() {
+        pods.create(&PostParams::default(), &reader(&format!("reader-{i}"), config_map))
+            .await
+            .unwrap();
+        let verdict = in_use::decide(&delete(config_map), &lookup).await;
+        assert_eq!(verdict.reason, Reason::InUse, "{config_map}: {verdict:?}");
+        assert_eq!(verdict.pods, [format!("reader-{i}")]);
+    }
+
+    // What no pod reads: allowed, from the index caught up with the revision.
+    let listed = user_reads(&metrics, "list");
+    for _ in 0..20 {
+        let verdict = in_use::decide(&delete("unused"), &lookup).await;
+        assert_eq!(verdict.reason, Reason::Unused, "{verdict:?}");
+    }
+    let from_index = user_reads(&metrics, "index");
+    assert!(
+        from_index >= 10,
+        "the busy index answered {from_index} of 20 allows (and the LIST {})",
+        user_reads(&metrics, "list") - listed
+    );
+
+    // A pod the index shows denies without a read of the users.
+    let before = (user_reads(&metrics, "index"), user_reads(&metrics, "list"));
+    let verdict = in_use::decide(&delete("settings-0"), &lookup).await;
+    assert_eq!(verdict.reason, Reason::InUse);
+    assert_eq!((user_reads(&metrics, "index"), user_reads(&metrics, "list")), before);
+    churn.abort();
+    watches.abort();
+}
+
 fn in_use_guard() -> Arc<Guard> {
     static SHARED: Mutex<Weak<Guard>> = Mutex::new(Weak::new());
     let mut shared = SHARED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -26,9 +26,12 @@
 //!
 //! What a user may write only narrows a denial: a pod's own ownerReferences can make the
 //! pod leave (the garbage collector then deletes it), never make another pod leave.
-//! Absence is proved only by reads made after the request arrived: one quorum LIST of
-//! the namespace's pods, and GETs (served by etcd) along the owner chains. Pods a watch
-//! shows ([`InUseLookup::cached_users`]) may deny without the LIST, never allow.
+//! Absence is proved only by reads made after the request arrived: the pods that use the
+//! object ([`InUseLookup::users`]), and GETs (served by etcd) along the owner chains. The
+//! server reads the users from its pod watch's index ([`UserIndex`]) once the watch has
+//! caught up with a revision read by quorum after the request, else by a quorum LIST of
+//! the namespace's pods. Pods the index shows ([`InUseLookup::cached_users`]) may deny
+//! without either, never allow.
 
 use std::fmt;
 
@@ -38,8 +41,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::references::Kind;
 
+mod index;
 mod reads;
 
+pub use index::UserIndex;
 pub use reads::KubeInUse;
 
 /// The label that opts a namespace (all its Secrets and ConfigMaps) or one object in.
@@ -114,7 +119,8 @@ pub struct Dependent {
 /// in-memory fake and model-checked.
 #[async_trait]
 pub trait InUseLookup: Send + Sync {
-    /// The pods of `namespace` whose spec needs the `kind` named `name`, by one quorum read.
+    /// The pods of `namespace` whose spec needs the `kind` named `name`, as a quorum read
+    /// made after the request shows them.
     async fn users(&self, namespace: &str, kind: Kind, name: &str) -> crate::Result<Vec<Dependent>>;
 
     /// The object of this `apiVersion`, `kind` and name (a pod, or a [`WORKLOAD_KINDS`]

@@ -1,39 +1,102 @@
 //! In-use protection's reads against the apiserver. Every read here is sent without a
 //! `resourceVersion`: a quorum read, served by etcd (the GETs) or by a watch cache proven
-//! current (the LIST of pods).
+//! current (the LISTs of pods). The guard's own watch of the pods ([`UserIndex`]) stands
+//! in for the LIST of every pod's spec once it has caught up with a revision read by
+//! quorum after the request.
+
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use k8s_openapi::{
-    api::core::v1::{Namespace, Pod},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, ListParams},
+    runtime::{
+        WatchStreamExt,
+        watcher::{self, watcher},
+    },
 };
 
-use super::{Dependent, InUseLookup, WORKLOAD_KINDS};
-use crate::{Error, Result, references::Kind};
+use super::{Dependent, InUseLookup, WORKLOAD_KINDS, index::UserIndex};
+use crate::{
+    Error, Result,
+    metrics::Metrics,
+    namespaces::{self, NamespaceCache},
+    references::Kind,
+    revision,
+};
 
 /// Pods per page of the namespace's LIST: a page's specs are held at once, never more.
 const PAGE: u32 = 500;
+
+/// How long a read waits for the pod watch to catch up with a revision read after the
+/// request before it LISTs instead; and how often the watch's events must come for the
+/// wait to be tried at all.
+const CATCH_UP: Duration = Duration::from_millis(50);
 
 /// [`InUseLookup`] against the apiserver, through kube.
 #[derive(Clone)]
 pub struct KubeInUse {
     client: Client,
+    /// The pod watches' indexes, one per watched namespace or one for all.
+    indexes: Arc<Vec<Arc<UserIndex>>>,
+    namespaces: NamespaceCache,
+    /// Times the reads and counts where the users were read from, when set.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl KubeInUse {
-    /// Reads through this client.
+    /// Reads through this client, every user by a LIST.
     pub fn new(client: Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            indexes: Arc::default(),
+            namespaces: NamespaceCache::default(),
+            metrics: None,
+        }
     }
-}
 
-#[async_trait]
-impl InUseLookup for KubeInUse {
-    async fn users(&self, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Dependent>> {
+    /// Watches the pods of `scope` (each namespace, or all when empty) into an index of
+    /// the objects they need, and consults `namespaces`: a user the index shows denies
+    /// without a LIST, a denial in a namespace shown alive stands without a read. Returns
+    /// the watches to run.
+    pub fn watching(
+        self,
+        scope: &[String],
+        namespaces: NamespaceCache,
+        metrics: Arc<Metrics>,
+    ) -> (Self, impl Future<Output = ()> + Send + use<>) {
+        let scopes: Vec<Option<String>> = if scope.is_empty() {
+            vec![None]
+        } else {
+            scope.iter().cloned().map(Some).collect()
+        };
+        let indexes: Vec<Arc<UserIndex>> = scopes
+            .into_iter()
+            .map(|scope| Arc::new(UserIndex::new(scope)))
+            .collect();
+        let runs: Vec<_> = indexes
+            .iter()
+            .map(|index| watch_pods(self.client.clone(), index.clone()))
+            .collect();
+        let lookup = Self {
+            indexes: Arc::new(indexes),
+            namespaces,
+            metrics: Some(metrics),
+            ..self
+        };
+        (lookup, async move {
+            futures::future::join_all(runs).await;
+        })
+    }
+
+    fn index(&self, namespace: &str) -> Option<&Arc<UserIndex>> {
+        self.indexes.iter().find(|index| index.covers(namespace))
+    }
+
+    /// The pods of `namespace` whose spec needs the object, by a quorum LIST of them all.
+    async fn list_users(&self, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Dependent>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         // No resourceVersion: the most recent, a quorum read; the next pages continue it.
         let mut params = ListParams::default().limit(PAGE);
@@ -50,7 +113,7 @@ impl InUseLookup for KubeInUse {
                     let terminal = matches!(phase.as_deref(), Some("Succeeded" | "Failed"));
                     users.push(Dependent {
                         terminal,
-                        ..dependent("v1", "Pod", pod.metadata)
+                        ..dependent("v1", "Pod", &pod.metadata)
                     });
                 }
             }
@@ -61,7 +124,86 @@ impl InUseLookup for KubeInUse {
         }
     }
 
+    fn count(&self, from_index: bool) {
+        if let Some(metrics) = &self.metrics {
+            metrics.in_use_read(from_index);
+        }
+    }
+
+    async fn timed<T>(&self, read: impl Future<Output = Result<T>>) -> Result<T> {
+        let Some(metrics) = &self.metrics else {
+            return read.await;
+        };
+        let timer = metrics.time_lookup();
+        let result = read.await;
+        timer.finish(result.is_err());
+        result
+    }
+}
+
+/// Feeds `index` from a watch of its scope's pods, all along.
+async fn watch_pods(client: Client, index: Arc<UserIndex>) {
+    let pods: Api<Pod> = match index.scope() {
+        Some(namespace) => Api::namespaced(client, namespace),
+        None => Api::all(client),
+    };
+    watcher(pods, watcher::Config::default())
+        .default_backoff()
+        .inspect_ok(|event| index.observe(event))
+        .for_each(|event| async move {
+            if let Err(error) = event {
+                tracing::debug!(%error, "in-use pod watch interrupted, retrying");
+            }
+        })
+        .await;
+}
+
+#[async_trait]
+impl InUseLookup for KubeInUse {
+    async fn users(&self, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Dependent>> {
+        let read = async {
+            let Some(index) = self.index(namespace).filter(|index| index.is_busy(CATCH_UP)) else {
+                self.count(false);
+                return self.list_users(namespace, kind, name).await;
+            };
+            let found = match revision::current(&self.client, namespace, name).await? {
+                Some(revision) => index.users_at(revision, namespace, kind, name, CATCH_UP).await,
+                None => None,
+            };
+            self.count(found.is_some());
+            match found {
+                Some(users) => Ok(users),
+                None => self.list_users(namespace, kind, name).await,
+            }
+        };
+        self.timed(read).await
+    }
+
     async fn object(&self, namespace: &str, api_version: &str, kind: &str, name: &str) -> Result<Option<Dependent>> {
+        self.timed(self.get_object(namespace, api_version, kind, name)).await
+    }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
+        self.timed(namespaces::terminating(&self.client, &self.namespaces, namespace))
+            .await
+    }
+
+    fn cached_users(&self, namespace: &str, kind: Kind, name: &str) -> Vec<Dependent> {
+        self.index(namespace)
+            .map(|index| index.users(namespace, kind, name))
+            .unwrap_or_default()
+    }
+}
+
+impl KubeInUse {
+    /// The object of this `apiVersion`, `kind` and name, metadata only, by a GET.
+    async fn get_object(
+        &self,
+        namespace: &str,
+        api_version: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<Dependent>> {
         let plural = match (api_version, kind) {
             ("v1", "Pod") => "pods",
             ("apps/v1", "ReplicaSet") => "replicasets",
@@ -88,25 +230,20 @@ impl InUseLookup for KubeInUse {
         };
         let objects: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
         let found = objects.get_metadata_opt(name).await?;
-        Ok(found.map(|found| dependent(api_version, kind, found.metadata)))
-    }
-
-    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let found = namespaces.get_metadata_opt(namespace).await?;
-        Ok(found.is_some_and(|found| found.metadata.deletion_timestamp.is_some()))
+        Ok(found.map(|found| dependent(api_version, kind, &found.metadata)))
     }
 }
 
-fn dependent(api_version: &str, kind: &str, metadata: ObjectMeta) -> Dependent {
+/// An object as the rules read it, from its metadata.
+pub(super) fn dependent(api_version: &str, kind: &str, metadata: &ObjectMeta) -> Dependent {
     Dependent {
         api_version: api_version.to_owned(),
         kind: kind.to_owned(),
-        name: metadata.name.unwrap_or_default(),
-        uid: metadata.uid.unwrap_or_default(),
+        name: metadata.name.clone().unwrap_or_default(),
+        uid: metadata.uid.clone().unwrap_or_default(),
         deleting: metadata.deletion_timestamp.is_some(),
-        finalizers: metadata.finalizers.unwrap_or_default(),
+        finalizers: metadata.finalizers.clone().unwrap_or_default(),
         terminal: false,
-        owners: metadata.owner_references.unwrap_or_default(),
+        owners: metadata.owner_references.clone().unwrap_or_default(),
     }
 }

@@ -1,0 +1,377 @@
+//! The pods of the guard's scope as a watch shows them, indexed by the Secrets and
+//! ConfigMaps they need.
+//!
+//! The index answers two questions. Which pods does it show needing an object, now: a
+//! hint that may justify a denial, never an allow ([`UserIndex::users`]). And which pods
+//! needed it at a revision read by quorum after the request arrived, once the watch has
+//! caught up with that revision ([`UserIndex::users_at`], see [`crate::revision`]): that
+//! answer stands in for the LIST of every pod's spec.
+//!
+//! A pod is kept as the rules read it (a [`Dependent`]) with the names it needs, never its
+//! spec. Staleness of what is kept errs towards a denial: a pod deleted, gone terminal or
+//! leaving since the index last saw it still counts, and its owners are read by quorum
+//! before it keeps anything. Only a pod created (or given an ephemeral container) after
+//! the index last saw its namespace could be missed, which is what the revision proves.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::Event;
+use tokio::{sync::watch, time::Instant};
+
+use super::Dependent;
+use crate::{
+    references::{self, Kind},
+    revision::parse_revision,
+};
+
+/// One watch's pods (a namespace's, or all), indexed by what they need.
+pub struct UserIndex {
+    /// The namespace watched, or `None` for all.
+    scope: Option<String>,
+    state: Mutex<IndexState>,
+    /// The revision, for the reads waiting for the watch to catch up.
+    revision: watch::Sender<u64>,
+}
+
+struct IndexState {
+    pods: Pods,
+    /// The pods of a relist in progress, until it is done.
+    relist: Option<Pods>,
+    /// Every change up to this revision is in `pods`.
+    revision: u64,
+    /// When the last two events came: how soon the next may come.
+    last_event: Option<Instant>,
+    gap: Option<Duration>,
+}
+
+/// (namespace, name) of a pod.
+type PodKey = (String, String);
+/// (namespace, kind, name) of a Secret or ConfigMap.
+type ObjectKey = (String, Kind, String);
+
+#[derive(Default)]
+struct Pods {
+    pods: HashMap<PodKey, Indexed>,
+    /// The names of the pods that need each object.
+    users: HashMap<ObjectKey, BTreeSet<String>>,
+    /// The newest revision among the pods.
+    newest: u64,
+}
+
+/// A pod as the rules read it, and the objects its spec needs.
+struct Indexed {
+    pod: Dependent,
+    needs: Vec<(Kind, String)>,
+}
+
+// === impl UserIndex ===
+
+impl UserIndex {
+    /// An empty index of `scope`'s pods (a namespace, or all), for a watch to fill
+    /// through [`UserIndex::observe`].
+    pub fn new(scope: Option<String>) -> Self {
+        Self {
+            scope,
+            state: Mutex::new(IndexState {
+                pods: Pods::default(),
+                relist: None,
+                revision: 0,
+                last_event: None,
+                gap: None,
+            }),
+            revision: watch::Sender::new(0),
+        }
+    }
+
+    /// The namespace watched, or `None` for all.
+    pub fn scope(&self) -> Option<&str> {
+        self.scope.as_deref()
+    }
+
+    /// Whether this index holds `namespace`'s pods.
+    pub fn covers(&self, namespace: &str) -> bool {
+        self.scope.as_deref().is_none_or(|scope| scope == namespace)
+    }
+
+    /// Takes one event of the watch.
+    pub fn observe(&self, event: &Event<Pod>) {
+        let mut state = self.lock();
+        match event {
+            Event::Apply(pod) => {
+                state.pods.insert(pod);
+                state.advance(pod);
+            }
+            Event::Delete(pod) => {
+                state.pods.remove(pod);
+                state.advance(pod);
+            }
+            Event::Init => state.relist = Some(Pods::default()),
+            Event::InitApply(pod) => {
+                if let Some(relist) = state.relist.as_mut() {
+                    relist.insert(pod);
+                }
+            }
+            Event::InitDone => {
+                if let Some(relist) = state.relist.take() {
+                    // The list's own revision is not in the events; its newest pod's is no
+                    // newer, so the claim stays true.
+                    state.revision = relist.newest;
+                    state.pods = relist;
+                }
+            }
+        }
+        let revision = state.revision;
+        self.revision
+            .send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
+    }
+
+    /// Whether the watch's events come often enough that waiting for the next is likely
+    /// quicker than a LIST: the last two came within `within` of each other, the last one
+    /// within `within` of now.
+    pub fn is_busy(&self, within: Duration) -> bool {
+        let state = self.lock();
+        state
+            .last_event
+            .is_some_and(|last| last.elapsed() <= within && state.gap.is_some_and(|gap| gap <= within))
+    }
+
+    /// The pods the index shows needing the object now: a hint, never the proof of an
+    /// absence.
+    pub fn users(&self, namespace: &str, kind: Kind, name: &str) -> Vec<Dependent> {
+        self.lock().pods.users(namespace, kind, name)
+    }
+
+    /// The pods that need the object, once the watch has caught up with `revision`;
+    /// `None` if it has not within `within`.
+    pub async fn users_at(
+        &self,
+        revision: u64,
+        namespace: &str,
+        kind: Kind,
+        name: &str,
+        within: Duration,
+    ) -> Option<Vec<Dependent>> {
+        let deadline = Instant::now() + within;
+        // Subscribed before the first look: no change between the two is missed.
+        let mut changes = self.revision.subscribe();
+        loop {
+            {
+                let state = self.lock();
+                if state.revision >= revision {
+                    return Some(state.pods.users(namespace, kind, name));
+                }
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::timeout_at(deadline, changes.changed()).await.ok()?.ok()?;
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, IndexState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+// === impl IndexState ===
+
+impl IndexState {
+    fn advance(&mut self, pod: &Pod) {
+        if let Some(revision) = parse_revision(pod.metadata.resource_version.as_deref()) {
+            self.revision = self.revision.max(revision);
+        }
+        let now = Instant::now();
+        self.gap = self.last_event.map(|last| now - last);
+        self.last_event = Some(now);
+    }
+}
+
+// === impl Pods ===
+
+impl Pods {
+    fn insert(&mut self, pod: &Pod) {
+        if let Some(revision) = parse_revision(pod.metadata.resource_version.as_deref()) {
+            self.newest = self.newest.max(revision);
+        }
+        let Some(key) = key(pod) else { return };
+        self.remove_key(&key);
+        let mut needs = Vec::new();
+        if let Some(spec) = &pod.spec {
+            references::visit(spec, |reference| {
+                let needed = (reference.kind, reference.name.to_owned());
+                if !reference.optional && !needs.contains(&needed) {
+                    needs.push(needed);
+                }
+            });
+        }
+        for (kind, name) in &needs {
+            self.users
+                .entry((key.0.clone(), *kind, name.clone()))
+                .or_default()
+                .insert(key.1.clone());
+        }
+        let phase = pod.status.as_ref().and_then(|status| status.phase.as_deref());
+        let dependent = Dependent {
+            terminal: matches!(phase, Some("Succeeded" | "Failed")),
+            ..super::reads::dependent("v1", "Pod", &pod.metadata)
+        };
+        self.pods.insert(key, Indexed { pod: dependent, needs });
+    }
+
+    fn remove(&mut self, pod: &Pod) {
+        if let Some(key) = key(pod) {
+            self.remove_key(&key);
+        }
+    }
+
+    fn remove_key(&mut self, key: &PodKey) {
+        let Some(old) = self.pods.remove(key) else { return };
+        for (kind, name) in old.needs {
+            let object = (key.0.clone(), kind, name);
+            if let Some(names) = self.users.get_mut(&object) {
+                names.remove(&key.1);
+                if names.is_empty() {
+                    self.users.remove(&object);
+                }
+            }
+        }
+    }
+
+    fn users(&self, namespace: &str, kind: Kind, name: &str) -> Vec<Dependent> {
+        let object = (namespace.to_owned(), kind, name.to_owned());
+        let Some(names) = self.users.get(&object) else {
+            return Vec::new();
+        };
+        names
+            .iter()
+            .filter_map(|pod| self.pods.get(&(namespace.to_owned(), pod.clone())))
+            .map(|indexed| indexed.pod.clone())
+            .collect()
+    }
+}
+
+fn key(pod: &Pod) -> Option<PodKey> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str, config_map: &str, revision: u64) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "app", "uid": format!("uid-{name}"),
+                         "resourceVersion": revision.to_string()},
+            "spec": {
+                "containers": [{"name": "main", "envFrom": [{"secretRef": {"name": "token", "optional": true}}]}],
+                "volumes": [{"name": "settings", "configMap": {"name": config_map}}],
+            },
+        }))
+        .unwrap()
+    }
+
+    fn names(users: Option<Vec<Dependent>>) -> Option<Vec<String>> {
+        users.map(|users| users.into_iter().map(|user| user.name).collect())
+    }
+
+    const NOW: Duration = Duration::ZERO;
+
+    #[tokio::test]
+    async fn answers_once_caught_up_with_the_revision_and_not_before() {
+        let index = UserIndex::new(None);
+        index.observe(&Event::Apply(pod("web", "settings", 10)));
+
+        let users = |revision| index.users_at(revision, "app", Kind::ConfigMap, "settings", NOW);
+        assert_eq!(names(users(10).await), Some(vec!["web".into()]));
+        assert_eq!(users(11).await, None, "not caught up: no answer");
+        let other = index.users_at(10, "other", Kind::ConfigMap, "settings", NOW).await;
+        assert_eq!(names(other), Some(vec![]));
+        let optional = index.users_at(10, "app", Kind::Secret, "token", NOW).await;
+        assert_eq!(names(optional), Some(vec![]), "an optional reference is no use");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_read_is_answered_by_the_next_event() {
+        let index = std::sync::Arc::new(UserIndex::new(Some("app".into())));
+        index.observe(&Event::Apply(pod("web", "settings", 10)));
+
+        let read = tokio::spawn({
+            let index = index.clone();
+            async move {
+                index
+                    .users_at(12, "app", Kind::ConfigMap, "settings", Duration::from_millis(50))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        index.observe(&Event::Apply(pod("api", "settings", 12)));
+
+        assert_eq!(names(read.await.unwrap()), Some(vec!["api".into(), "web".into()]));
+    }
+
+    #[tokio::test]
+    async fn a_pod_deleted_or_given_another_spec_leaves_the_index() {
+        let index = UserIndex::new(None);
+        index.observe(&Event::Apply(pod("web", "settings", 10)));
+        index.observe(&Event::Apply(pod("web", "other", 11)));
+        assert_eq!(
+            names(Some(index.users("app", Kind::ConfigMap, "settings"))),
+            Some(vec![])
+        );
+        assert_eq!(
+            names(Some(index.users("app", Kind::ConfigMap, "other"))),
+            Some(vec!["web".into()])
+        );
+        index.observe(&Event::Delete(pod("web", "other", 12)));
+        assert!(index.users("app", Kind::ConfigMap, "other").is_empty());
+        assert!(index.lock().pods.users.is_empty(), "nothing is left behind");
+    }
+
+    #[tokio::test]
+    async fn a_relist_replaces_the_pods_and_claims_only_its_newest_revision() {
+        let index = UserIndex::new(None);
+        index.observe(&Event::Apply(pod("old", "settings", 20)));
+
+        index.observe(&Event::Init);
+        index.observe(&Event::InitApply(pod("new", "settings", 15)));
+        let users = |revision| index.users_at(revision, "app", Kind::ConfigMap, "settings", NOW);
+        assert_eq!(
+            names(users(20).await),
+            Some(vec!["old".into()]),
+            "until the relist is done, the pods it replaces stand"
+        );
+        index.observe(&Event::InitDone);
+
+        assert_eq!(users(20).await, None, "a relist proves nothing past its newest pod");
+        assert_eq!(names(users(15).await), Some(vec!["new".into()]));
+    }
+
+    #[test]
+    fn a_terminal_pod_is_kept_as_terminal() {
+        let index = UserIndex::new(None);
+        let mut done = pod("done", "settings", 3);
+        done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        index.observe(&Event::Apply(done));
+        let users = index.users("app", Kind::ConfigMap, "settings");
+        assert_eq!((users.len(), users[0].terminal), (1, true));
+    }
+
+    #[test]
+    fn an_index_covers_its_namespace_only() {
+        assert!(UserIndex::new(Some("app".into())).covers("app"));
+        assert!(!UserIndex::new(Some("app".into())).covers("other"));
+        assert!(UserIndex::new(None).covers("other"));
+    }
+}
