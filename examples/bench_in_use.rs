@@ -5,7 +5,9 @@
 //!    changes), one after the other as admin, with the guard's webhooks registered
 //!    (`webhooks --in-use-protection`) and without any, alternately: the deny path (a pod
 //!    uses the ConfigMap) and the allow path (no pod does), in a namespace of 10 pods and
-//!    in one of `--pods`.
+//!    in one of `--pods`. Twice: with the cluster's pods quiet, and with a pod elsewhere
+//!    written every `--churn-ms` (its events let the guard's pod index prove itself
+//!    current, so that an allow reads the index in place of a LIST).
 //! 2. **`helm uninstall`** of a release of 100 ConfigMaps, 100 Secrets and a Deployment of
 //!    two pods using some of them, in an opted-in namespace, with the guard and without.
 //!
@@ -29,7 +31,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 
@@ -44,6 +46,10 @@ struct Args {
     /// Pods in the large namespace.
     #[arg(long, default_value_t = 10_000)]
     pods: usize,
+    /// How often a pod elsewhere is written, in the second run of the delete paths; 0
+    /// skips that run.
+    #[arg(long, default_value_t = 10)]
+    churn_ms: u64,
     /// Skip the `helm uninstall` runs.
     #[arg(long)]
     no_uninstall: bool,
@@ -184,10 +190,72 @@ impl Runs {
     }
 }
 
+/// Writes a pod of its own namespace every `every`, until dropped.
+struct Churn {
+    task: tokio::task::JoinHandle<()>,
+    _ns: TestNamespace,
+}
+
+impl Churn {
+    async fn start(every: Duration) -> Self {
+        let ns = TestNamespace::new("in-use-bench-churn").await;
+        let pods = ns.pods();
+        pods.create(&PostParams::default(), &pod("busy", None)).await.unwrap();
+        let task = tokio::spawn(async move {
+            for i in 0u64.. {
+                let patch = json!({"metadata": {"labels": {"tick": i.to_string()}}});
+                let _ = pods.patch("busy", &PatchParams::default(), &Patch::Merge(&patch)).await;
+                tokio::time::sleep(every).await;
+            }
+        });
+        Self { task, _ns: ns }
+    }
+}
+
+impl Drop for Churn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The guard's reads of the users of an opted-in object so far: (from its pod index, by a
+/// LIST).
+async fn user_reads(guard: &Guard) -> (u64, u64) {
+    let text = reqwest::get(format!("http://{}/metrics", guard.probe_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |source: &str| {
+        let series = format!("cds_secret_guard_in_use_user_reads_total{{source=\"{source}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .map_or(0, |count| count.parse().unwrap())
+    };
+    (count("index"), count("list"))
+}
+
 async fn delete_paths(args: &Args, guard: &Guard) {
-    let admin = client().await;
     let small = namespace("in-use-bench-10", 10).await;
     let large = namespace("in-use-bench-large", args.pods).await;
+    delete_paths_in(args, guard, &small, &large, None).await;
+    if args.churn_ms > 0 {
+        let every = Duration::from_millis(args.churn_ms);
+        let _churn = Churn::start(every).await;
+        delete_paths_in(args, guard, &small, &large, Some(every)).await;
+    }
+}
+
+async fn delete_paths_in(
+    args: &Args,
+    guard: &Guard,
+    small: &TestNamespace,
+    large: &TestNamespace,
+    churn: Option<Duration>,
+) {
+    let admin = client().await;
+    let reads_before = user_reads(guard).await;
     let registration = Registration {
         guard,
         probe: Api::namespaced(admin.clone(), &small.name),
@@ -197,7 +265,7 @@ async fn delete_paths(args: &Args, guard: &Guard) {
     for round in 0..args.rounds {
         for webhook in Webhook::order(round) {
             registration.set(webhook).await;
-            for (n, ns) in [&small, &large].into_iter().enumerate() {
+            for (n, ns) in [small, large].into_iter().enumerate() {
                 for (p, (name, denied)) in [("used", true), ("unused", false)].into_iter().enumerate() {
                     let refused = denied && webhook == Webhook::Guard;
                     let latencies = deletes(&admin, &ns.name, name, args.deletes, refused).await;
@@ -207,11 +275,17 @@ async fn delete_paths(args: &Args, guard: &Guard) {
         }
     }
     registration.set(Webhook::Guard).await;
+    let reads_after = user_reads(guard).await;
 
     let mut table = Table::new(
         format!(
-            "In-use protection: a ConfigMap delete (dry run), one at a time, {} rounds of {} deletes",
-            args.rounds, args.deletes
+            "In-use protection: a ConfigMap delete (dry run), one at a time, {} rounds of {} deletes, {}",
+            args.rounds,
+            args.deletes,
+            match churn {
+                None => "the cluster's pods quiet".to_owned(),
+                Some(every) => format!("a pod elsewhere written every {} ms", every.as_millis()),
+            }
         ),
         &[
             "path",
@@ -250,6 +324,11 @@ async fn delete_paths(args: &Args, guard: &Guard) {
     for line in goals {
         table.note(line);
     }
+    table.note(format!(
+        "- the guard's reads of the users (allows; a denial reads its pod index): {} from the index caught up with the revision, {} by a LIST",
+        reads_after.0 - reads_before.0,
+        reads_after.1 - reads_before.1
+    ));
     table.print();
 }
 
