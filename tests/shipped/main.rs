@@ -10,6 +10,7 @@
 
 #[path = "../e2e/harness.rs"]
 mod harness;
+mod in_use;
 mod install;
 mod release;
 mod seed;
@@ -204,6 +205,9 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
     make_run_installs_over_what_the_suites_leave().await;
 
     the_host_network_variant_serves_from_the_node().await;
+
+    // In-use protection, from the chart, on the node.
+    in_use::the_chart_installed_guard_keeps_what_a_deployment_uses_on_the_node().await;
 
     // From the registry, as an operator installs it, and upgraded from the last release.
     release::released_chart_upgrades_and_rolls_back_under_load().await;
