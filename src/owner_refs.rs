@@ -29,7 +29,7 @@ use std::{
     collections::HashMap,
     hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use futures::{
@@ -65,6 +65,7 @@ use crate::{
     metrics::Metrics,
     pod::{PodLiveness, PodState, WorkerPod},
     pod_cache::PodCache,
+    revision::parse_revision,
 };
 
 /// How many pods are reconciled at once.
@@ -84,7 +85,18 @@ pub struct Reconciler {
     metrics: Arc<Metrics>,
     events: Events,
     pod_cache: PodCache,
+    own_writes: OwnWrites,
 }
+
+/// The revisions of this replica's own secret writes, kept a little while. A cached copy
+/// older than one is a write behind (the watch has not delivered the write yet, and a
+/// reconcile came first: the pod's event and its secret's both bring a pod): writing from
+/// it would only earn a 409 Conflict, so the secret is read instead.
+#[derive(Default)]
+struct OwnWrites(Mutex<HashMap<(String, String), (u64, Instant)>>);
+
+/// How long an own write is remembered: far longer than a watch takes to deliver it.
+const OWN_WRITES_KEPT: Duration = Duration::from_secs(30);
 
 /// What an adoption attempt did to one secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +152,7 @@ impl Reconciler {
             metrics,
             events,
             pod_cache,
+            own_writes: OwnWrites::default(),
         })
     }
 
@@ -303,7 +316,7 @@ impl Reconciler {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let mut current = cached;
+        let mut current = cached.filter(|meta| !self.own_writes.ahead_of(namespace, secret, meta));
         for _ in 0..ATTEMPTS {
             let meta = match current.take() {
                 Some(meta) => meta,
@@ -341,6 +354,7 @@ impl Reconciler {
                 .await
             {
                 Ok(patched) => {
+                    self.own_writes.record(namespace, secret, &patched.metadata);
                     self.metrics.reference_added();
                     tracing::info!(%namespace, %secret, pod = pod.metadata.name.as_deref(), %uid, "ownerReference added");
                     let secret = secret_reference(namespace, secret, patched.metadata.uid.as_deref());
@@ -353,6 +367,30 @@ impl Reconciler {
             }
         }
         Err(Error::Conflict(format!("secret {namespace}/{secret} kept changing")))
+    }
+}
+
+// === impl OwnWrites ===
+
+impl OwnWrites {
+    /// Remembers the revision `written` was left at; forgets writes older than
+    /// [`OWN_WRITES_KEPT`].
+    fn record(&self, namespace: &str, name: &str, written: &ObjectMeta) {
+        let Some(revision) = parse_revision(written.resource_version.as_deref()) else {
+            return;
+        };
+        let mut writes = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        writes.retain(|_, (_, at)| at.elapsed() < OWN_WRITES_KEPT);
+        writes.insert((namespace.to_owned(), name.to_owned()), (revision, Instant::now()));
+    }
+
+    /// Whether this replica wrote the secret at a revision `cached` has not reached.
+    fn ahead_of(&self, namespace: &str, name: &str, cached: &ObjectMeta) -> bool {
+        let writes = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some((written, _)) = writes.get(&(namespace.to_owned(), name.to_owned())) else {
+            return false;
+        };
+        parse_revision(cached.resource_version.as_deref()).is_none_or(|seen| seen < *written)
     }
 }
 
@@ -510,6 +548,24 @@ mod tests {
             labels: worker_label.map(|w| [("CDS_WORKER_NAME".to_owned(), w.to_owned())].into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_cached_copy_behind_an_own_write_is_not_written_from() {
+        let writes = OwnWrites::default();
+        let at = |revision: &str| ObjectMeta {
+            resource_version: Some(revision.to_owned()),
+            ..secret("cds-worker-config-w1", Some("w1"))
+        };
+        assert!(
+            !writes.ahead_of("cds", "cds-worker-config-w1", &at("10")),
+            "nothing written"
+        );
+        writes.record("cds", "cds-worker-config-w1", &at("12"));
+        assert!(writes.ahead_of("cds", "cds-worker-config-w1", &at("10")));
+        assert!(!writes.ahead_of("cds", "cds-worker-config-w1", &at("12")), "caught up");
+        assert!(!writes.ahead_of("cds", "cds-worker-config-w1", &at("15")));
+        assert!(!writes.ahead_of("other", "cds-worker-config-w1", &at("10")));
     }
 
     fn live(builder: crate::fixtures::PodBuilder) -> WorkerPod {
