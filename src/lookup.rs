@@ -20,7 +20,7 @@ use crate::{
     pod::{PodState, WorkerPod},
     pod_cache::{PodCache, PodWatch},
     references::Kind,
-    revision::{self, parse_revision},
+    revision::{self, CATCH_UP, parse_revision},
 };
 
 /// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
@@ -30,12 +30,6 @@ use crate::{
 /// GETs and PATCHes (docs/design/benchmarks.md). A page of 10 pods costs one seat; a worker has one
 /// pod, rarely more.
 const LABEL_PAGE: u32 = 10;
-
-/// How long a label read waits for the pod watch to catch up with a revision read after
-/// the request before it LISTs instead; and how often the watch's events must come for
-/// the wait to be tried at all. A LIST scans every pod of the namespace in the
-/// apiserver; on a cluster busy with workers the next event is milliseconds away.
-const CATCH_UP: Duration = Duration::from_millis(50);
 
 /// The apiserver reads behind the admission decisions, behind a narrow trait so the
 /// rules can be tested with an in-memory fake and model-checked against a model store.

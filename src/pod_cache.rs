@@ -16,11 +16,11 @@ use kube::runtime::{
     reflector::{self, ObjectRef, Store, store::Writer},
     watcher::Event,
 };
-use tokio::{sync::watch, time::Instant};
+use tokio::sync::watch;
 
 use crate::{
     pod::{PodLiveness, PodState},
-    revision::parse_revision,
+    revision::{Progress, once_caught_up, parse_revision},
 };
 
 /// The worker-labelled pods the reconciler's watches see: one [`PodWatch`] per watched
@@ -51,11 +51,8 @@ struct WatchState {
     names: WorkerNames,
     /// The index of a relist in progress, until it is done.
     relist: Option<WorkerNames>,
-    /// Every change up to this revision is in the store and the index.
-    revision: u64,
-    /// When the last two events came: how soon the next may come.
-    last_event: Option<Instant>,
-    gap: Option<Duration>,
+    /// Every change up to its revision is in the store and the index.
+    progress: Progress,
 }
 
 /// Namespace → worker → the names of the pods labelled with it.
@@ -82,9 +79,7 @@ impl PodCache {
                 writer,
                 names: WorkerNames::default(),
                 relist: None,
-                revision: 0,
-                last_event: None,
-                gap: None,
+                progress: Progress::default(),
             }),
             revision: watch::Sender::new(0),
         });
@@ -135,7 +130,7 @@ impl PodWatch {
                 if matches!(event, Event::Apply(_)) {
                     state.names.insert(pod);
                 }
-                state.advance(pod);
+                state.progress.advance(revision_of(pod));
             }
             Event::Init => state.relist = Some(WorkerNames::default()),
             Event::InitApply(pod) => {
@@ -148,14 +143,14 @@ impl PodWatch {
                     // The list's own revision is not in the events; its newest pod's is
                     // no newer, so the claim stays true. It may be older than the last
                     // event's: a relist may be served from a lagging cache.
-                    state.revision = relist.newest;
+                    state.progress.revision = relist.newest;
                     state.names = relist;
                 }
             }
         }
         state.writer.apply_watcher_event(event);
         // Waiting reads wake only when the revision moves, not for each pod of a relist.
-        let revision = state.revision;
+        let revision = state.progress.revision;
         self.revision
             .send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
     }
@@ -164,10 +159,7 @@ impl PodWatch {
     /// likely to be quicker than a LIST: the last two came within `within` of each
     /// other, the last one within `within` of now.
     pub fn is_busy(&self, within: Duration) -> bool {
-        let state = self.lock();
-        state
-            .last_event
-            .is_some_and(|last| last.elapsed() <= within && state.gap.is_some_and(|gap| gap <= within))
+        self.lock().progress.is_busy(within)
     }
 
     /// The pods labelled with `worker` in `namespace`, once the watch has caught up with
@@ -179,42 +171,23 @@ impl PodWatch {
         worker: &str,
         within: Duration,
     ) -> Option<Vec<PodState>> {
-        let deadline = Instant::now() + within;
-        // Subscribed before the first look: no change between the two is missed.
-        let mut changes = self.revision.subscribe();
-        loop {
-            {
-                let state = self.lock();
-                if state.revision >= revision {
-                    let names = state.names.of(namespace, worker);
-                    return Some(
-                        names
-                            .iter()
-                            .filter_map(|name| self.pods.get(&ObjectRef::new(name).within(namespace)))
-                            .map(|pod| PodState::from(&*pod))
-                            .collect(),
-                    );
-                }
-            }
-            tokio::time::timeout_at(deadline, changes.changed()).await.ok()?.ok()?;
-        }
+        once_caught_up(&self.revision, within, || {
+            let state = self.lock();
+            (state.progress.revision >= revision).then(|| {
+                state
+                    .names
+                    .of(namespace, worker)
+                    .iter()
+                    .filter_map(|name| self.pods.get(&ObjectRef::new(name).within(namespace)))
+                    .map(|pod| PodState::from(&*pod))
+                    .collect()
+            })
+        })
+        .await
     }
 
     fn lock(&self) -> MutexGuard<'_, WatchState> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-// === impl WatchState ===
-
-impl WatchState {
-    fn advance(&mut self, pod: &PodLiveness) {
-        if let Some(revision) = revision_of(pod) {
-            self.revision = self.revision.max(revision);
-        }
-        let now = Instant::now();
-        self.gap = self.last_event.map(|last| now - last);
-        self.last_event = Some(now);
     }
 }
 
@@ -385,17 +358,14 @@ mod tests {
     }
 
     #[test]
-    fn busy_only_while_events_come_close_together() {
+    fn busy_once_its_events_come_close_together() {
         let cache = PodCache::default();
         let watch = cache.add(None, LABEL);
         let within = Duration::from_secs(60);
-        assert!(!watch.is_busy(within), "no event yet");
         watch.observe(&Event::Apply(pod("a", "w1", 1)));
         assert!(!watch.is_busy(within), "one event: no pace yet");
         watch.observe(&Event::Apply(pod("b", "w1", 2)));
         assert!(watch.is_busy(within));
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(!watch.is_busy(Duration::from_millis(1)), "the last event is too old");
     }
 
     #[test]

@@ -409,18 +409,6 @@ fn label(target: &[&str], ns: Option<&str>) {
 }
 
 /// `kubectl delete KIND NAME` in `ns`, as admin: Ok, or the refusal kubectl prints.
-fn kubectl_delete(ns: &TestNamespace, kind: &str, name: &str) -> Result<(), String> {
-    let output = kubectl()
-        .args(["-n", &ns.name, "delete", kind, name, "--wait=false"])
-        .output()
-        .unwrap();
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&output.stderr).into_owned())
-    }
-}
-
 async fn create_settings_and_token(ns: &TestNamespace, labels: Value) {
     let config_maps: Api<ConfigMap> = Api::namespaced(client().await, &ns.name);
     let settings =
@@ -449,7 +437,7 @@ async fn in_an_opted_in_namespace_kubectl_delete_is_refused_while_a_deployment_h
     let pods = names(&pods_of(&ns, "web", 2).await);
 
     for (kind, name) in [("configmap", "settings"), ("secret", "token")] {
-        let refused = kubectl_delete(&ns, kind, name).unwrap_err();
+        let refused = kubectl_delete(&ns.name, kind, name).unwrap_err();
         let says = format!(
             "admission webhook \"in-use-namespaces.cds-secret-guard.io\" denied the request: {kind} {name} is in use by pod {} in namespace {}",
             pods.join(", "),
@@ -494,8 +482,8 @@ async fn in_an_opted_in_namespace_kubectl_delete_is_refused_while_a_deployment_h
         .await
         .unwrap();
     pods_of(&ns, "web", 0).await;
-    assert_eq!(kubectl_delete(&ns, "configmap", "settings"), Ok(()));
-    assert_eq!(kubectl_delete(&ns, "secret", "token"), Ok(()));
+    assert_eq!(kubectl_delete(&ns.name, "configmap", "settings"), Ok(()));
+    assert_eq!(kubectl_delete(&ns.name, "secret", "token"), Ok(()));
 }
 
 #[tokio::test]
@@ -521,14 +509,14 @@ async fn outside_the_opt_in_deletes_are_as_if_the_guard_were_absent_and_an_opted
     .unwrap();
     ns.pods().create(&PostParams::default(), &pod).await.unwrap();
 
-    let refused = kubectl_delete(&ns, "configmap", "kept").unwrap_err();
+    let refused = kubectl_delete(&ns.name, "configmap", "kept").unwrap_err();
     assert!(
         refused.contains(
             "\"in-use-objects.cds-secret-guard.io\" denied the request: configmap kept is in use by pod reader"
         ),
         "{refused}"
     );
-    assert_eq!(kubectl_delete(&ns, "configmap", "plain"), Ok(()));
+    assert_eq!(kubectl_delete(&ns.name, "configmap", "plain"), Ok(()));
     guard
         .audit_line_where("the kept denial", |line| {
             line["object"] == "kept" && line["namespace"] == ns.name.as_str()
@@ -565,7 +553,7 @@ async fn the_force_path_the_root_ca_and_namespace_deletion_are_never_blocked() {
     }))
     .unwrap();
     ns.pods().create(&PostParams::default(), &pod).await.unwrap();
-    assert!(kubectl_delete(&ns, "secret", "token").is_err());
+    assert!(kubectl_delete(&ns.name, "secret", "token").is_err());
 
     let annotated = kubectl()
         .args(["-n", &ns.name, "annotate", "secret", "token"])
@@ -573,7 +561,7 @@ async fn the_force_path_the_root_ca_and_namespace_deletion_are_never_blocked() {
         .output()
         .unwrap();
     assert!(annotated.status.success(), "{annotated:?}");
-    assert_eq!(kubectl_delete(&ns, "secret", "token"), Ok(()));
+    assert_eq!(kubectl_delete(&ns.name, "secret", "token"), Ok(()));
     let line = guard
         .audit_line_where("the forced delete", |line| {
             line["object"] == "token" && line["namespace"] == ns.name.as_str() && line["decision"] == "allow"
@@ -593,10 +581,10 @@ async fn the_force_path_the_root_ca_and_namespace_deletion_are_never_blocked() {
     assert!(recorded, "the apiserver's audit log says the delete was forced");
 
     // kube-root-ca.crt, mounted by the pod: its controller must be able to replace it.
-    assert_eq!(kubectl_delete(&ns, "configmap", "kube-root-ca.crt"), Ok(()));
+    assert_eq!(kubectl_delete(&ns.name, "configmap", "kube-root-ca.crt"), Ok(()));
 
     // The namespace, with the ConfigMap still in use: the namespace controller is exempt.
-    assert!(kubectl_delete(&ns, "configmap", "settings").is_err());
+    assert!(kubectl_delete(&ns.name, "configmap", "settings").is_err());
     let deleted = kubectl()
         .args(["delete", "namespace", &ns.name, "--wait=false"])
         .output()

@@ -21,12 +21,12 @@ use std::{
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
-use tokio::{sync::watch, time::Instant};
+use tokio::sync::watch;
 
 use super::Dependent;
 use crate::{
     references::{self, Kind},
-    revision::parse_revision,
+    revision::{Progress, once_caught_up, parse_revision},
 };
 
 /// One watch's pods (a namespace's, or all), indexed by what they need.
@@ -42,11 +42,8 @@ struct IndexState {
     pods: Pods,
     /// The pods of a relist in progress, until it is done.
     relist: Option<Pods>,
-    /// Every change up to this revision is in `pods`.
-    revision: u64,
-    /// When the last two events came: how soon the next may come.
-    last_event: Option<Instant>,
-    gap: Option<Duration>,
+    /// Every change up to its revision is in `pods`.
+    progress: Progress,
 }
 
 /// (namespace, name) of a pod.
@@ -80,9 +77,7 @@ impl UserIndex {
             state: Mutex::new(IndexState {
                 pods: Pods::default(),
                 relist: None,
-                revision: 0,
-                last_event: None,
-                gap: None,
+                progress: Progress::default(),
             }),
             revision: watch::Sender::new(0),
         }
@@ -104,11 +99,11 @@ impl UserIndex {
         match event {
             Event::Apply(pod) => {
                 state.pods.insert(pod);
-                state.advance(pod);
+                state.progress.advance(revision_of(pod));
             }
             Event::Delete(pod) => {
                 state.pods.remove(pod);
-                state.advance(pod);
+                state.progress.advance(revision_of(pod));
             }
             Event::Init => state.relist = Some(Pods::default()),
             Event::InitApply(pod) => {
@@ -120,12 +115,12 @@ impl UserIndex {
                 if let Some(relist) = state.relist.take() {
                     // The list's own revision is not in the events; its newest pod's is no
                     // newer, so the claim stays true.
-                    state.revision = relist.newest;
+                    state.progress.revision = relist.newest;
                     state.pods = relist;
                 }
             }
         }
-        let revision = state.revision;
+        let revision = state.progress.revision;
         self.revision
             .send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
     }
@@ -134,10 +129,7 @@ impl UserIndex {
     /// quicker than a LIST: the last two came within `within` of each other, the last one
     /// within `within` of now.
     pub fn is_busy(&self, within: Duration) -> bool {
-        let state = self.lock();
-        state
-            .last_event
-            .is_some_and(|last| last.elapsed() <= within && state.gap.is_some_and(|gap| gap <= within))
+        self.lock().progress.is_busy(within)
     }
 
     /// The pods the index shows needing the object now: a hint, never the proof of an
@@ -156,21 +148,11 @@ impl UserIndex {
         name: &str,
         within: Duration,
     ) -> Option<Vec<Dependent>> {
-        let deadline = Instant::now() + within;
-        // Subscribed before the first look: no change between the two is missed.
-        let mut changes = self.revision.subscribe();
-        loop {
-            {
-                let state = self.lock();
-                if state.revision >= revision {
-                    return Some(state.pods.users(namespace, kind, name));
-                }
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::timeout_at(deadline, changes.changed()).await.ok()?.ok()?;
-        }
+        once_caught_up(&self.revision, within, || {
+            let state = self.lock();
+            (state.progress.revision >= revision).then(|| state.pods.users(namespace, kind, name))
+        })
+        .await
     }
 
     fn lock(&self) -> MutexGuard<'_, IndexState> {
@@ -178,24 +160,11 @@ impl UserIndex {
     }
 }
 
-// === impl IndexState ===
-
-impl IndexState {
-    fn advance(&mut self, pod: &Pod) {
-        if let Some(revision) = parse_revision(pod.metadata.resource_version.as_deref()) {
-            self.revision = self.revision.max(revision);
-        }
-        let now = Instant::now();
-        self.gap = self.last_event.map(|last| now - last);
-        self.last_event = Some(now);
-    }
-}
-
 // === impl Pods ===
 
 impl Pods {
     fn insert(&mut self, pod: &Pod) {
-        if let Some(revision) = parse_revision(pod.metadata.resource_version.as_deref()) {
+        if let Some(revision) = revision_of(pod) {
             self.newest = self.newest.max(revision);
         }
         let Some(key) = key(pod) else { return };
@@ -253,6 +222,10 @@ impl Pods {
             .map(|indexed| indexed.pod.clone())
             .collect()
     }
+}
+
+fn revision_of(pod: &Pod) -> Option<u64> {
+    parse_revision(pod.metadata.resource_version.as_deref())
 }
 
 fn key(pod: &Pod) -> Option<PodKey> {

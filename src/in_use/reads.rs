@@ -4,7 +4,7 @@
 //! in for the LIST of every pod's spec once it has caught up with a revision read by
 //! quorum after the request.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
@@ -24,16 +24,11 @@ use crate::{
     metrics::Metrics,
     namespaces::{self, NamespaceCache},
     references::Kind,
-    revision,
+    revision::{self, CATCH_UP},
 };
 
 /// Pods per page of the namespace's LIST: a page's specs are held at once, never more.
 const PAGE: u32 = 500;
-
-/// How long a read waits for the pod watch to catch up with a revision read after the
-/// request before it LISTs instead; and how often the watch's events must come for the
-/// wait to be tried at all.
-const CATCH_UP: Duration = Duration::from_millis(50);
 
 /// [`InUseLookup`] against the apiserver, through kube.
 #[derive(Clone)]

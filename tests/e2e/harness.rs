@@ -162,6 +162,20 @@ pub fn kubectl() -> Command {
     command
 }
 
+/// `kubectl -n NAMESPACE delete KIND NAME`, not waiting for finalizers: `Err` with
+/// kubectl's message when refused.
+pub fn kubectl_delete(namespace: &str, kind: &str, name: &str) -> Result<(), String> {
+    let output = kubectl()
+        .args(["-n", namespace, "delete", kind, name, "--wait=false"])
+        .output()
+        .unwrap();
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
 /// A kube client for the local control plane, as admin.
 pub async fn client() -> Client {
     client_for(control_plane()).await

@@ -13,7 +13,7 @@ use std::{
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{TestNamespace, kubectl},
+    harness::{TestNamespace, kubectl, kubectl_delete},
     install::{Release, VERSION, default_service_account, eventually, kubectl_json, run},
     seed::WORKER_IMAGE,
 };
@@ -47,19 +47,6 @@ fn workload(replicas: u32) -> String {
         }},
     ]})
     .to_string()
-}
-
-/// `kubectl delete KIND NAME`: `Err` with kubectl's message when refused.
-fn kubectl_delete(ns: &str, kind: &str, name: &str) -> Result<(), String> {
-    let output = kubectl()
-        .args(["-n", ns, "delete", kind, name, "--wait=false"])
-        .output()
-        .unwrap();
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&output.stderr).into_owned())
-    }
 }
 
 /// The pods of `web` not being deleted: name, the reason its container waits if it does,
