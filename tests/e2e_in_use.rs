@@ -361,16 +361,19 @@ async fn the_pod_index_answers_for_the_list_and_misses_no_pod_created_a_moment_b
         assert_eq!(verdict.pods, [format!("reader-{i}")]);
     }
 
-    // What no pod reads: allowed, from the index caught up with the revision.
-    let listed = user_reads(&metrics, "list");
-    for _ in 0..20 {
+    // What no pod reads: allowed, from the index caught up with the revision (or, when
+    // the machine is too loaded for the watch to look busy, from the LIST).
+    let (indexed, listed) = (user_reads(&metrics, "index"), user_reads(&metrics, "list"));
+    let mut allows = 0;
+    while user_reads(&metrics, "index") - indexed < 10 && allows < 200 {
         let verdict = in_use::decide(&delete("unused"), &lookup).await;
         assert_eq!(verdict.reason, Reason::Unused, "{verdict:?}");
+        allows += 1;
     }
-    let from_index = user_reads(&metrics, "index");
+    let from_index = user_reads(&metrics, "index") - indexed;
     assert!(
         from_index >= 10,
-        "the busy index answered {from_index} of 20 allows (and the LIST {})",
+        "the busy index answered {from_index} of {allows} allows (and the LIST {})",
         user_reads(&metrics, "list") - listed
     );
 
