@@ -26,7 +26,9 @@ use std::{
 
 use bench_support::{Table, f2, goal, median, median_ratio};
 use clap::Parser;
-use e2e::{Guard, TestNamespace, client, control_plane, in_use_guard_options, kubectl, repo, unregister_webhooks};
+use e2e::{
+    Guard, TestNamespace, client, control_plane, in_use_guard_options, kubectl, metric, repo, unregister_webhooks,
+};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
@@ -221,17 +223,10 @@ impl Drop for Churn {
 /// The guard's reads of the users of an opted-in object so far: (from its pod index, by a
 /// LIST).
 async fn user_reads(guard: &Guard) -> (u64, u64) {
-    let text = reqwest::get(format!("http://{}/metrics", guard.probe_addr()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = guard.metrics().await;
     let count = |source: &str| {
-        let series = format!("cds_secret_guard_in_use_user_reads_total{{source=\"{source}\"}} ");
-        text.lines()
-            .find_map(|line| line.strip_prefix(&series))
-            .map_or(0, |count| count.parse().unwrap())
+        let series = format!("cds_secret_guard_in_use_user_reads_total{{source=\"{source}\"}}");
+        metric(&text, &series).map_or(0, |count| count as u64)
     };
     (count("index"), count("list"))
 }

@@ -294,11 +294,8 @@ async fn an_optional_reference_is_no_use() {
 /// that hold it.
 /// The in-use reads of `metrics` from `source` (index, list).
 fn user_reads(metrics: &Metrics, source: &str) -> u64 {
-    let text = metrics.encode().unwrap();
-    let series = format!("cds_secret_guard_in_use_user_reads_total{{source=\"{source}\"}} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&series))
-        .map_or(0, |count| count.parse().unwrap())
+    let series = format!("cds_secret_guard_in_use_user_reads_total{{source=\"{source}\"}}");
+    metric(&metrics.encode().unwrap(), &series).map_or(0, |count| count as u64)
 }
 
 /// A pod of `name` reading the ConfigMap `config_map` through a volume.

@@ -119,18 +119,8 @@ fn replica(identity: &str, namespace: &str, extra: &[(&str, &str)]) -> Guard {
 
 /// What `cds_secret_guard_leader` says on a replica's `/metrics`.
 async fn leader_gauge(guard: &Guard) -> f64 {
-    let text = reqwest::get(format!("http://{}/metrics", guard.probe_addr()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix("cds_secret_guard_leader "))
-        .unwrap_or_else(|| panic!("no cds_secret_guard_leader in\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
+    let text = guard.metrics().await;
+    metric(&text, "cds_secret_guard_leader").unwrap_or_else(|| panic!("no cds_secret_guard_leader in\n{text}"))
 }
 
 /// A CDS worker: its secret, then its pod, labelled as the hatchery labels both.

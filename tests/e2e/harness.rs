@@ -176,6 +176,13 @@ pub fn kubectl_delete(namespace: &str, kind: &str, name: &str) -> Result<(), Str
     }
 }
 
+/// The value of `series` (a metric's name and labels, as written) in OpenMetrics `text`.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().unwrap())
+}
+
 /// A kube client for the local control plane, as admin.
 pub async fn client() -> Client {
     client_for(control_plane()).await
@@ -379,6 +386,16 @@ impl Guard {
     /// Where the guard serves its probes and `/metrics` (plain HTTP).
     pub fn probe_addr(&self) -> SocketAddr {
         self.probes
+    }
+
+    /// What the guard serves on `/metrics` (OpenMetrics text).
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.probes))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 
     /// Stops the guard process as Kubernetes does (SIGTERM), and waits until it has exited.
