@@ -29,7 +29,7 @@ use hyper_util::{
     service::TowerToHyperService,
 };
 use tokio::{
-    net::{TcpListener, TcpStream},
+    net::{TcpListener, TcpSocket, TcpStream},
     sync::{OwnedSemaphorePermit, Semaphore},
     time::Instant,
 };
@@ -200,13 +200,9 @@ impl Server {
             }
             None => CertStore::load(&self.config.tls_cert, &self.config.tls_key)?,
         };
-        let bind = |addr: SocketAddr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| Error::Bind { addr, source })
-        };
-        let admission = bind(self.config.listen).await?;
-        let probes = bind(self.config.probe_listen).await?;
+        let bind = |addr: SocketAddr| listen(addr).map_err(|source| Error::Bind { addr, source });
+        let admission = bind(self.config.listen)?;
+        let probes = bind(self.config.probe_listen)?;
         Ok(Bound {
             server: self,
             admission,
@@ -214,6 +210,25 @@ impl Server {
             certs,
         })
     }
+}
+
+/// The accept queue a listener asks the kernel for. Connections past `max_connections`
+/// wait there and are served in turn. Tokio's default (128) drops the SYNs of a larger
+/// burst, whose clients then retry after 1, 3, 7 … 63 s: a lottery in place of a queue.
+/// Linux caps it at `net.core.somaxconn` (4096 by default), which Go servers such as the
+/// apiserver ask for.
+const ACCEPT_BACKLOG: u32 = 4096;
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind`: a restarted guard binds again at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_BACKLOG)
 }
 
 // === impl Bound ===

@@ -580,6 +580,7 @@ async fn thousands_of_idle_connections_wait_their_turn_and_are_closed() {
         "{CLIENTS} idle connections: {} held, {cut} cut in the handshake, {refused} refused; at most {most_open} open at once (max {max}); held ones lived {shortest:?} to {longest:?}, median {median:?}; all done in {total:?}; a valid request meanwhile took {during:?}",
         held.len()
     );
+    assert_eq!(refused, 0, "every connection waits in the accept queue");
     assert!(held.len() >= CLIENTS / 2, "most connections are served in turn");
     assert!(most_open <= max, "{most_open} connections open at once, max {max}");
     assert!(shortest >= idle, "an idle connection closed after {shortest:?}");
