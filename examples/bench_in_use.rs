@@ -231,9 +231,33 @@ async fn user_reads(guard: &Guard) -> (u64, u64) {
     (count("index"), count("list"))
 }
 
+/// The guard's resident memory, in MiB.
+fn resident_mib(guard: &Guard) -> f64 {
+    let pid = guard.pid().expect("the guard runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    kib / 1024.0
+}
+
 async fn delete_paths(args: &Args, guard: &Guard) {
+    let before = resident_mib(guard);
     let small = namespace("in-use-bench-10", 10).await;
     let large = namespace("in-use-bench-large", args.pods).await;
+    // The pod index takes the new pods from its watch.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut memory = Table::new(
+        "In-use protection: the guard's resident memory, its pod index holding the benchmark's pods",
+        &["pods", "MiB"],
+    );
+    memory.row(vec!["the cluster's own".to_owned(), f2(before)]);
+    memory.row(vec![format!("+ {}", 10 + args.pods), f2(resident_mib(guard))]);
+    memory.print();
     delete_paths_in(args, guard, &small, &large, None).await;
     if args.churn_ms > 0 {
         let every = Duration::from_millis(args.churn_ms);
