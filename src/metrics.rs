@@ -35,10 +35,17 @@ pub struct Metrics {
     leader: Gauge,
 }
 
+/// The CDS rules: worker secrets' deletes and worker pods' creates.
+pub const WORKER_RULES: &str = "worker";
+/// In-use protection's rules: opted-in Secrets' and ConfigMaps' deletes.
+pub const IN_USE_RULES: &str = "in-use";
+
 /// Labels of `admission_decisions_total`. Static strings: counting a decision
 /// allocates nothing.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
+    /// The rules that decided: [`WORKER_RULES`] or [`IN_USE_RULES`].
+    pub rules: &'static str,
     /// The admission operation (DELETE, CREATE).
     pub operation: &'static str,
     /// allow, deny, warn (denied in warn mode), patch, skip.
@@ -215,8 +222,9 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Counts one admission decision.
-    pub fn decision(&self, operation: &'static str, decision: &'static str, reason: &'static str) {
+    pub fn decision(&self, rules: &'static str, operation: &'static str, decision: &'static str, reason: &'static str) {
         let labels = DecisionLabels {
+            rules,
             operation,
             decision,
             reason,
@@ -365,6 +373,7 @@ mod tests {
     fn decisions_given_start_at_zero_and_count_on() {
         let metrics = Metrics::default();
         let labels = DecisionLabels {
+            rules: WORKER_RULES,
             operation: "DELETE",
             decision: "deny",
             reason: "pod-live",
@@ -372,11 +381,11 @@ mod tests {
         metrics.decisions_from_zero([labels.clone()]);
         let line = |n: u32| {
             format!(
-                "cds_secret_guard_admission_decisions_total{{operation=\"DELETE\",decision=\"deny\",reason=\"pod-live\"}} {n}\n"
+                "cds_secret_guard_admission_decisions_total{{rules=\"worker\",operation=\"DELETE\",decision=\"deny\",reason=\"pod-live\"}} {n}\n"
             )
         };
         assert!(metrics.encode().expect("encodes").contains(&line(0)));
-        metrics.decision(labels.operation, labels.decision, labels.reason);
+        metrics.decision(labels.rules, labels.operation, labels.decision, labels.reason);
         metrics.decisions_from_zero([labels]);
         assert!(metrics.encode().expect("encodes").contains(&line(1)));
     }

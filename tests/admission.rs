@@ -588,7 +588,8 @@ async fn every_decision_is_exported_at_zero_before_the_first(#[case] mode: Mode,
         .filter(|line| line.starts_with("cds_secret_guard_admission_decisions_total{"))
         .collect();
     let at_zero = |operation: &str, decision: &str, reason: &str| {
-        let labels = format!("{{operation=\"{operation}\",decision=\"{decision}\",reason=\"{reason}\"}} 0");
+        let labels =
+            format!("{{rules=\"worker\",operation=\"{operation}\",decision=\"{decision}\",reason=\"{reason}\"}} 0");
         series.iter().any(|line| line.ends_with(&labels))
     };
     for reason in ["too-young", "pod-live", "lookup-failed"] {

@@ -40,7 +40,12 @@ async fn a_pod_that_uses_it_denies_naming_it_in_the_answer_and_the_metrics() {
     assert_eq!(annotations["pods"], "web-0,web-1");
 
     let (_, metrics) = get_text(&server.probe_router(), "/metrics").await;
-    let denied = [("operation", "DELETE"), ("decision", "deny"), ("reason", "in-use")];
+    let denied = [
+        ("rules", "in-use"),
+        ("operation", "DELETE"),
+        ("decision", "deny"),
+        ("reason", "in-use"),
+    ];
     assert_eq!(
         counter(&metrics, "cds_secret_guard_admission_decisions_total", &denied),
         1.0

@@ -17,7 +17,7 @@ use crate::{
     events,
     in_use::{self, ObjectDelete},
     lookup::{ClusterLookup, Deadline},
-    metrics::DecisionLabels,
+    metrics::{DecisionLabels, IN_USE_RULES, WORKER_RULES},
     mutation,
     pod::PodObject,
     policy::{self, Reason, SecretDelete, Verdict},
@@ -29,6 +29,7 @@ use crate::{
 pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
     let enforced = mode == Mode::Enforce;
     let deletes = Reason::ALL.into_iter().map(move |reason| DecisionLabels {
+        rules: WORKER_RULES,
         operation: "DELETE",
         decision: audit::outcome(!reason.denies(), enforced),
         reason: reason.code(),
@@ -39,6 +40,7 @@ pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
         (UNCHANGED, PROTECTED_SECRET),
     ]
     .map(|(decision, reason)| DecisionLabels {
+        rules: WORKER_RULES,
         operation: "CREATE",
         decision,
         reason,
@@ -50,6 +52,7 @@ pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
 pub fn possible_in_use_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
     let enforced = mode == Mode::Enforce;
     in_use::Reason::ALL.into_iter().map(move |reason| DecisionLabels {
+        rules: IN_USE_RULES,
         operation: "DELETE",
         decision: audit::outcome(!reason.denies(), enforced),
         reason: reason.code(),
@@ -114,7 +117,9 @@ pub async fn validate_delete<'a>(
             .delete_denied(secret, verdict.reason.code(), &verdict.message);
     }
     let outcome = audit::outcome(verdict.allowed, enforced);
-    state.metrics.decision("DELETE", outcome, verdict.reason.code());
+    state
+        .metrics
+        .decision(WORKER_RULES, "DELETE", outcome, verdict.reason.code());
     respond(&request.uid, verdict, enforced)
 }
 
@@ -223,7 +228,9 @@ pub async fn validate_in_use_delete<'a>(
             .delete_denied(deleted, verdict.reason.code(), &verdict.message);
     }
     let outcome = audit::outcome(verdict.allowed, enforced);
-    state.metrics.decision("DELETE", outcome, verdict.reason.code());
+    state
+        .metrics
+        .decision(IN_USE_RULES, "DELETE", outcome, verdict.reason.code());
 
     let mut answer = Answer::allow(&request.uid);
     if verdict.allowed && verdict.reason != in_use::Reason::Forced {
@@ -253,7 +260,9 @@ pub async fn mutate_pod(
     let facts = pod.facts();
     let (secrets, worker) = mutation::protected_secrets(policy, facts.secrets.iter().copied());
     if secrets.is_empty() {
-        state.metrics.decision("CREATE", SKIPPED, NO_PROTECTED_SECRET);
+        state
+            .metrics
+            .decision(WORKER_RULES, "CREATE", SKIPPED, NO_PROTECTED_SECRET);
         return None;
     }
     let hatchery = match (&worker, request.namespace.as_deref()) {
@@ -267,7 +276,9 @@ pub async fn mutate_pod(
     let mutation = mutation::plan_protected(policy, &facts, secrets, worker, hatchery.as_deref());
     let changed = !mutation.patch.0.is_empty();
     let decision = if changed { PATCHED } else { UNCHANGED };
-    state.metrics.decision("CREATE", decision, PROTECTED_SECRET);
+    state
+        .metrics
+        .decision(WORKER_RULES, "CREATE", decision, PROTECTED_SECRET);
     // Debug: the apiserver's audit log records every webhook patch already
     // (`patch.webhook.admission.k8s.io`); a line per pod here cost 13 % of a `/mutate`.
     tracing::debug!(
