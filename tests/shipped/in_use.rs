@@ -330,20 +330,12 @@ fn chart() -> PathBuf {
     .unwrap();
     let mut objects: Vec<Value> = Vec::new();
     for i in 0..10 {
-        let name = if i == 0 {
-            "settings".to_owned()
-        } else {
-            format!("settings-{i}")
-        };
+        // The first of each is the one the Deployment uses.
+        let name = |base: &str| if i == 0 { base.to_owned() } else { format!("{base}-{i}") };
         objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": {"release": "app"}}, "data": {"mode": "live"}}));
-        let name = if i == 0 {
-            "token".to_owned()
-        } else {
-            format!("token-{i}")
-        };
+            "metadata": {"name": name("settings"), "labels": {"release": "app"}}, "data": {"mode": "live"}}));
         objects.push(json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": name, "labels": {"release": "app"}}, "stringData": {"TOKEN": "t0k3n"}}));
+            "metadata": {"name": name("token"), "labels": {"release": "app"}}, "stringData": {"TOKEN": "t0k3n"}}));
     }
     let list: Value = serde_json::from_str(&workload(2)).unwrap();
     let mut deployment = list["items"][2].clone();
