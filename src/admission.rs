@@ -201,12 +201,13 @@ fn secret_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectM
     })
 }
 
-/// A Secret or ConfigMap as `/validate-in-use` reads it: its name, uid and the force
-/// annotation. Its data and every other annotation are skipped, never built: kubectl's
-/// `last-applied-configuration` holds a copy of the data.
+/// A Secret or ConfigMap as `/validate-in-use` reads it: its name, uid, finalizers, the
+/// opt-in label and the force annotation. Its data and every other label and annotation
+/// are skipped, never built: kubectl's `last-applied-configuration` holds a copy of the
+/// data.
 #[derive(Debug, Default, Deserialize)]
 pub struct InUseObject {
-    /// Name, uid and, when set, the force annotation alone.
+    /// Name, uid, finalizers and, when set, the opt-in label and the force annotation alone.
     #[serde(default, deserialize_with = "in_use_metadata")]
     pub metadata: ObjectMeta,
 }
@@ -215,8 +216,11 @@ pub struct InUseObject {
 struct InUseMetadata {
     name: Option<String>,
     uid: Option<String>,
+    #[serde(default, deserialize_with = "opt_in_label")]
+    labels: Option<std::collections::BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "force_annotation")]
     annotations: Option<std::collections::BTreeMap<String, String>>,
+    finalizers: Option<Vec<String>>,
 }
 
 fn in_use_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
@@ -224,44 +228,55 @@ fn in_use_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectM
     Ok(ObjectMeta {
         name: kept.name,
         uid: kept.uid,
+        labels: kept.labels,
         annotations: kept.annotations,
+        finalizers: kept.finalizers,
         ..ObjectMeta::default()
     })
 }
 
-/// The annotations map with only [`FORCE_ANNOTATION`](crate::in_use::FORCE_ANNOTATION)
-/// kept; `None` without it.
+/// The labels with only [`OPT_IN_LABEL`](crate::in_use::OPT_IN_LABEL) kept; `None`
+/// without it.
+fn opt_in_label<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::collections::BTreeMap<String, String>>, D::Error> {
+    deserializer.deserialize_any(OneEntry(crate::in_use::OPT_IN_LABEL))
+}
+
+/// The annotations with only [`FORCE_ANNOTATION`](crate::in_use::FORCE_ANNOTATION) kept;
+/// `None` without it.
 fn force_annotation<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<std::collections::BTreeMap<String, String>>, D::Error> {
-    struct Visitor;
+    deserializer.deserialize_any(OneEntry(crate::in_use::FORCE_ANNOTATION))
+}
 
-    impl<'de> de::Visitor<'de> for Visitor {
-        type Value = Option<std::collections::BTreeMap<String, String>>;
+/// A map of strings read for one key: the others are skipped, never built.
+struct OneEntry(&'static str);
 
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a map of annotations")
-        }
+impl<'de> de::Visitor<'de> for OneEntry {
+    type Value = Option<std::collections::BTreeMap<String, String>>;
 
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut kept = None;
-            while let Some(key) = map.next_key::<Text<'de>>()? {
-                if *key == *crate::in_use::FORCE_ANNOTATION {
-                    let why: String = map.next_value()?;
-                    kept = Some(std::collections::BTreeMap::from([(key.0.into_owned(), why)]));
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(kept)
-        }
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a map holding {}", self.0)
     }
 
-    deserializer.deserialize_any(Visitor)
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kept = None;
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            if *key == *self.0 {
+                let value: String = map.next_value()?;
+                kept = Some(std::collections::BTreeMap::from([(key.0.into_owned(), value)]));
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(kept)
+    }
 }
 
 /// The AdmissionReview envelope as it arrives, each field read once.
@@ -681,8 +696,9 @@ mod tests {
     }
 
     #[test]
-    fn an_in_use_delete_keeps_the_force_annotation_alone() {
+    fn an_in_use_delete_keeps_the_force_annotation_the_opt_in_label_and_the_finalizers_alone() {
         let force = crate::in_use::FORCE_ANNOTATION;
+        let opt_in = crate::in_use::OPT_IN_LABEL;
         let review = set(
             secret_delete(),
             "/request/oldObject/metadata/annotations",
@@ -691,6 +707,16 @@ mod tests {
                 force: "INC-42",
                 "note": {"not": "a string"},
             }),
+        );
+        let review = set(
+            review,
+            "/request/oldObject/metadata/labels",
+            json!({"CDS_WORKER_NAME": "w1", opt_in: "defer"}),
+        );
+        let review = set(
+            review,
+            "/request/oldObject/metadata/finalizers",
+            json!([crate::in_use::FINALIZER]),
         );
         let body = bytes(&review);
         let request = decode::<InUseObject>(&body).unwrap();
@@ -703,6 +729,8 @@ mod tests {
             object.annotations,
             Some([(force.to_owned(), "INC-42".to_owned())].into())
         );
+        assert_eq!(object.labels, Some([(opt_in.to_owned(), "defer".to_owned())].into()));
+        assert!(crate::in_use::is_held(object));
         let kept = format!("{request:?}");
         for skipped in ["dG9wLXNlY3JldA==", "last-applied", "CDS_WORKER_NAME", "f:data"] {
             assert!(!kept.contains(skipped), "{skipped} was kept: {kept}");

@@ -36,6 +36,9 @@ pub enum Command {
     Webhooks(WebhooksArgs),
     /// Report every protected secret: its pod, ownerReference and labels; exits 1 on a mismatch.
     Check(CheckArgs),
+    /// Remove the guard's finalizer from every Secret and ConfigMap (uninstall; by hand
+    /// while no replica runs): deferred deletes then complete at once.
+    ReleaseFinalizers(ReleaseArgs),
 }
 
 /// Flags of `serve`.
@@ -95,6 +98,13 @@ pub struct ServeArgs {
     /// --in-use-protection`; the guard then also reads the workloads owning those pods.
     #[arg(long, env = "CDS_GUARD_IN_USE_PROTECTION")]
     pub in_use_protection: bool,
+
+    /// What the delete of an object opted in with `enabled` gets while a pod uses it:
+    /// `defer` accepts it and keeps the object (a finalizer) until no pod does; `refuse`
+    /// denies it. The opt-in label's value `defer` or `refuse` picks one for its object or
+    /// namespace.
+    #[arg(long, env = "CDS_GUARD_IN_USE_MODE", value_enum, default_value_t = crate::in_use::Mode::Defer)]
+    pub in_use_mode: crate::in_use::Mode,
 
     /// `enforce` denies; `warn` allows but returns the reasons as warnings.
     #[arg(long, env = "CDS_GUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
@@ -273,6 +283,23 @@ pub struct CheckArgs {
     /// Which secrets are protected, as given to `serve`.
     #[command(flatten)]
     pub secrets: SecretArgs,
+}
+
+/// Flags of `release-finalizers`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// Namespace whose objects to release (repeatable; default: all).
+    #[arg(long = "namespace", short = 'n', env = "CDS_GUARD_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+
+    /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`, then
+    /// in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
 }
 
 /// How `check` prints its report.
@@ -473,6 +500,7 @@ impl ServeArgs {
             },
             lease: self.lease.config(),
             in_use_protection: self.in_use_protection,
+            in_use_mode: self.in_use_mode,
         }
     }
 }

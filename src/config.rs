@@ -35,6 +35,8 @@ pub struct Config {
     /// Whether `/validate-in-use` decides (in-use protection of opted-in Secrets and
     /// ConfigMaps); off, it denies what reaches it, saying so.
     pub in_use_protection: bool,
+    /// What the delete of an object opted in with `enabled` gets while pods use it.
+    pub in_use_mode: crate::in_use::Mode,
 }
 
 /// What any client of the admission port may hold at once. Memory under abuse is bounded

@@ -99,6 +99,23 @@ impl Events {
         });
     }
 
+    /// A delete of `object` was accepted and deferred until no pod uses it.
+    pub fn delete_deferred(&self, object: DeletedRef<'_>, message: &str) {
+        if self.queue.is_none() {
+            return;
+        }
+        self.send(Note {
+            object: ObjectReference {
+                kind: Some(object.kind.to_owned()),
+                ..secret_reference(object.namespace, object.name, object.uid)
+            },
+            reason: "DeleteDeferred",
+            action: "DeferDelete".to_owned(),
+            message: message.to_owned(),
+            related: None,
+        });
+    }
+
     /// `secret` got an ownerReference to `pod`.
     pub fn adopted(&self, secret: ObjectReference, pod: ObjectReference) {
         let message = format!(

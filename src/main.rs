@@ -6,6 +6,7 @@ use anyhow::Context;
 use cds_secret_guard::{
     Server, certs, check,
     cli::{Cli, Command, OutputFormat},
+    in_use::finalizer,
     telemetry, webhooks,
 };
 use tokio_util::sync::CancellationToken;
@@ -47,6 +48,20 @@ async fn main() -> anyhow::Result<ExitCode> {
             );
         }
         Command::Webhooks(args) => print!("{}", webhooks::render(&args)?),
+        Command::ReleaseFinalizers(args) => {
+            let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())
+                .await
+                .context("no Kubernetes client")?;
+            let released = finalizer::release_all(&client, &args.namespaces).await?;
+            for object in &released.objects {
+                println!("released {object}");
+            }
+            println!(
+                "removed {} from {} objects",
+                cds_secret_guard::in_use::FINALIZER,
+                released.objects.len()
+            );
+        }
         Command::Check(args) => {
             let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())
                 .await

@@ -24,6 +24,8 @@ pub struct Metrics {
     lookup_errors: Counter,
     label_reads: Family<SourceLabels, Counter>,
     in_use_reads: Family<SourceLabels, Counter>,
+    in_use_finalizer_writes: Family<ActionLabels, Counter>,
+    in_use_finalizer_errors: Counter,
     certificate_reloads: Family<ResultLabels, Counter>,
     certificate_expiry: Gauge,
     ca_expiry: Gauge,
@@ -62,6 +64,11 @@ struct EndpointLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
     source: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,6 +138,21 @@ impl Default for Metrics {
             "in_use_user_reads",
             "Reads of the pods that use an opted-in object, by source: the pod index once caught up with a quorum revision, or a LIST",
             in_use_reads.clone(),
+        );
+        let in_use_finalizer_writes = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "in_use_finalizer_writes",
+            "Writes of deferred deletes' finalizer, by action: add (a pod uses an object opted in to defer), remove (its deferred delete completes, or it was opted out)",
+            in_use_finalizer_writes.clone(),
+        );
+        for action in ["add", "remove"] {
+            let _ = in_use_finalizer_writes.get_or_create(&ActionLabels { action });
+        }
+        let in_use_finalizer_errors = Counter::default();
+        registry.register(
+            "in_use_finalizer_errors",
+            "Failed attempts at adding or removing deferred deletes' finalizer (each is retried)",
+            in_use_finalizer_errors.clone(),
         );
         let certificate_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
@@ -207,6 +229,8 @@ impl Default for Metrics {
             lookup_errors,
             label_reads,
             in_use_reads,
+            in_use_finalizer_writes,
+            in_use_finalizer_errors,
             certificate_reloads,
             certificate_expiry,
             ca_expiry,
@@ -269,6 +293,18 @@ impl Metrics {
     pub fn in_use_read(&self, from_index: bool) {
         let source = if from_index { "index" } else { "list" };
         self.in_use_reads.get_or_create(&SourceLabels { source }).inc();
+    }
+
+    /// Counts a write of the deferred deletes' finalizer: `add` or `remove`.
+    pub fn in_use_finalizer(&self, action: &'static str) {
+        self.in_use_finalizer_writes
+            .get_or_create(&ActionLabels { action })
+            .inc();
+    }
+
+    /// Counts a failed attempt at adding or removing the finalizer.
+    pub fn in_use_finalizer_error(&self) {
+        self.in_use_finalizer_errors.inc();
     }
 
     /// Counts a certificate reload attempt.

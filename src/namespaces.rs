@@ -1,8 +1,12 @@
 //! A metadata-only watch of the namespaces in the guard's scope: a namespace it shows
 //! alive lets a denial stand without a read. Only a namespace it shows terminating (or
 //! does not know) is read by quorum, since only that read may turn a denial into an allow.
+//! Its labels say whether in-use protection covers the namespace, and in which mode.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
@@ -70,9 +74,18 @@ impl NamespaceCache {
 
     /// What the cache says of a namespace: `Some(false)` when it shows it alive.
     pub fn terminating(&self, namespace: &str) -> Option<bool> {
-        let store = self.stores.get(namespace).or_else(|| self.stores.get(""))?;
-        let cached = store.get(&ObjectRef::new(namespace))?;
+        let cached = self.get(namespace)?;
         Some(cached.metadata.deletion_timestamp.is_some())
+    }
+
+    /// The namespace's labels as the cache shows them; `None` when it does not know it.
+    pub fn labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        Some(self.get(namespace)?.metadata.labels.clone().unwrap_or_default())
+    }
+
+    fn get(&self, namespace: &str) -> Option<Arc<PartialObjectMeta<Namespace>>> {
+        let store = self.stores.get(namespace).or_else(|| self.stores.get(""))?;
+        store.get(&ObjectRef::new(namespace))
     }
 }
 

@@ -42,7 +42,7 @@ use crate::{
     api::{self, AppState},
     config::Limits,
     events::Events,
-    in_use::{InUseLookup, KubeInUse},
+    in_use::{InUseLookup, KubeInUse, finalizer::Holder},
     lease::{Elector, Leadership},
     lookup::{ClusterLookup, KubeLookup, Unavailable},
     metrics::Metrics,
@@ -71,9 +71,12 @@ pub struct Server {
     client: Option<kube::Client>,
 }
 
-/// The adoption work: the reconciler, and when this replica runs it.
+/// The Lease holder's work: the reconciler, the finalizer of deferred deletes, and when
+/// this replica runs them.
 struct Adoption {
     reconciler: Arc<Reconciler>,
+    /// With in-use protection on.
+    holder: Option<Arc<Holder>>,
     leadership: Leadership,
     /// The Lease's elector (`--lease`); without one, this replica always adopts.
     elector: Option<Elector>,
@@ -112,21 +115,30 @@ impl Server {
                         (None, Leadership::always())
                     }
                 };
-                let adoption = Adoption {
-                    reconciler,
-                    leadership,
-                    elector,
-                };
                 let (namespaces, namespace_watches) = NamespaceCache::watching(&client, &config.policy.namespaces);
                 tokio::spawn(namespace_watches);
                 let in_use = KubeInUse::new(client.clone());
-                let in_use = if config.in_use_protection {
+                let (in_use, holder) = if config.in_use_protection {
                     let (in_use, pod_watches) =
                         in_use.watching(&config.policy.namespaces, namespaces.clone(), metrics.clone());
                     tokio::spawn(pod_watches);
-                    in_use
+                    let holder = Holder::new(
+                        client.clone(),
+                        in_use.clone(),
+                        namespaces.clone(),
+                        config.in_use_mode,
+                        config.policy.namespaces.clone(),
+                        metrics.clone(),
+                    );
+                    (in_use, Some(holder))
                 } else {
-                    in_use
+                    (in_use, None)
+                };
+                let adoption = Adoption {
+                    reconciler,
+                    holder,
+                    leadership,
+                    elector,
                 };
                 let lookup = KubeLookup::new(client)
                     .with_pod_cache(pods, metrics.clone())
@@ -284,11 +296,15 @@ impl Bound {
         let mut elector = None;
         if let Some(Adoption {
             reconciler,
+            holder,
             leadership,
             elector: lease,
         }) = adoption
         {
             elector = lease.map(|lease| tokio::spawn(lease.run(shutdown.clone())));
+            if let Some(holder) = holder {
+                tokio::spawn(holder.run(leadership.clone(), shutdown.clone()));
+            }
             tokio::spawn(reconciler.run(leadership, shutdown.clone()));
         }
         let audit_done = CancellationToken::new();

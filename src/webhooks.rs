@@ -1,8 +1,11 @@
 //! `cds-secret-guard webhooks`: the webhook configurations, for a guard reachable at a
 //! URL (outside the cluster, such as on the local control plane) or through a Service
 //! (in the cluster: `manifests/base/webhooks.yaml` is this command's output). With
-//! `--in-use-protection`, the validating configuration holds in-use protection's two
-//! webhooks as well: one for opted-in namespaces, one for opted-in objects elsewhere.
+//! `--in-use-protection`, the validating configuration holds in-use protection's three
+//! webhooks as well: one for opted-in namespaces, one for opted-in objects elsewhere
+//! (both fail closed), and one for the objects held for a deferred delete, which carry
+//! the guard's finalizer. That one ignores a guard that does not answer: the finalizer
+//! keeps the object until the guard is back, so the delete need not fail.
 
 use std::collections::BTreeMap;
 
@@ -18,7 +21,7 @@ use k8s_openapi::{
 use crate::{
     Error, Result,
     cli::{WebhooksArgs, non_empty},
-    in_use::{OPT_IN_LABEL, OPT_IN_VALUE, ROOT_CA},
+    in_use::{FINALIZER, OPT_IN_LABEL, OPT_IN_VALUES, ROOT_CA},
 };
 
 /// Name of both configurations.
@@ -102,34 +105,53 @@ pub fn configurations(
         ..Default::default()
     }];
     if args.in_use_protection {
-        let mut conditions = vec![MatchCondition {
-            name: "not-root-ca".to_owned(),
-            expression: not_root_ca_expression(),
-        }];
-        conditions.extend(not_exempt);
-        let webhook = |name: &str, namespace_selector, object_selector| ValidatingWebhook {
+        let condition = |name: &str, expression: String| MatchCondition {
             name: name.to_owned(),
-            client_config: client("/validate-in-use"),
-            rules: Some(vec![rule("DELETE", "secrets"), rule("DELETE", "configmaps")]),
-            failure_policy: Some("Fail".to_owned()),
-            side_effects: "NoneOnDryRun".to_owned(),
-            timeout_seconds: Some(args.timeout_seconds),
-            admission_review_versions: vec!["v1".to_owned()],
-            match_policy: Some("Equivalent".to_owned()),
-            namespace_selector: Some(namespace_selector),
-            object_selector,
-            match_conditions: Some(conditions.clone()),
+            expression,
         };
+        let mut not_held = vec![
+            condition("not-root-ca", not_root_ca_expression()),
+            condition("not-held", format!("!({})", held_expression())),
+        ];
+        not_held.extend(not_exempt.clone());
+        let mut held = vec![condition("held", held_expression())];
+        held.extend(not_exempt);
+        let webhook =
+            |name: &str, failure_policy: &str, namespace_selector, object_selector, conditions| ValidatingWebhook {
+                name: name.to_owned(),
+                client_config: client("/validate-in-use"),
+                rules: Some(vec![rule("DELETE", "secrets"), rule("DELETE", "configmaps")]),
+                failure_policy: Some(failure_policy.to_owned()),
+                side_effects: "NoneOnDryRun".to_owned(),
+                timeout_seconds: Some(args.timeout_seconds),
+                admission_review_versions: vec!["v1".to_owned()],
+                match_policy: Some("Equivalent".to_owned()),
+                namespace_selector: Some(namespace_selector),
+                object_selector,
+                match_conditions: Some(conditions),
+            };
         let (namespaces_opted_in, objects_opted_in) = in_use_selectors(&namespaces);
         validating_webhooks.push(webhook(
             "in-use-namespaces.cds-secret-guard.io",
+            "Fail",
             namespaces_opted_in,
             None,
+            not_held.clone(),
         ));
         validating_webhooks.push(webhook(
             "in-use-objects.cds-secret-guard.io",
+            "Fail",
             objects_opted_in,
             Some(opted_in()),
+            not_held,
+        ));
+        // The finalizer holds the object while the guard is away: nothing fails.
+        validating_webhooks.push(webhook(
+            "in-use-deferred.cds-secret-guard.io",
+            "Ignore",
+            namespaces.clone(),
+            None,
+            held,
         ));
     }
 
@@ -182,11 +204,20 @@ fn namespace_selector(guard_namespace: &str, namespaces: &[String]) -> LabelSele
     }
 }
 
+/// The opt-in label's requirement: one of its values (`operator` In), or none (NotIn).
+fn opt_in(operator: &str) -> LabelSelectorRequirement {
+    LabelSelectorRequirement {
+        key: OPT_IN_LABEL.to_owned(),
+        operator: operator.to_owned(),
+        values: Some(OPT_IN_VALUES.map(str::to_owned).to_vec()),
+    }
+}
+
 /// The selector of what carries the opt-in label.
 fn opted_in() -> LabelSelector {
     LabelSelector {
-        match_labels: Some(BTreeMap::from([(OPT_IN_LABEL.to_owned(), OPT_IN_VALUE.to_owned())])),
-        match_expressions: None,
+        match_labels: None,
+        match_expressions: Some(vec![opt_in("In")]),
     }
 }
 
@@ -195,15 +226,13 @@ fn opted_in() -> LabelSelector {
 /// objects alone are sent. No delete matches both.
 fn in_use_selectors(namespaces: &LabelSelector) -> (LabelSelector, LabelSelector) {
     let within = namespaces.match_expressions.clone().unwrap_or_default();
+    let mut opted_in = vec![opt_in("In")];
+    opted_in.extend(within.clone());
     let opted_in_namespaces = LabelSelector {
-        match_labels: opted_in().match_labels,
-        match_expressions: Some(within.clone()),
+        match_labels: None,
+        match_expressions: Some(opted_in),
     };
-    let mut others = vec![LabelSelectorRequirement {
-        key: OPT_IN_LABEL.to_owned(),
-        operator: "NotIn".to_owned(),
-        values: Some(vec![OPT_IN_VALUE.to_owned()]),
-    }];
+    let mut others = vec![opt_in("NotIn")];
     others.extend(within);
     let other_namespaces = LabelSelector {
         match_labels: None,
@@ -220,6 +249,14 @@ pub fn not_root_ca_expression() -> String {
     format!(
         "!(request.resource.resource == 'configmaps' && (request.name == {root_ca} \
          || (oldObject != null && oldObject.metadata.name == {root_ca})))"
+    )
+}
+
+/// CEL true for an object that carries the guard's finalizer: its delete is deferred.
+pub fn held_expression() -> String {
+    format!(
+        "oldObject != null && has(oldObject.metadata.finalizers) && {} in oldObject.metadata.finalizers",
+        quote(FINALIZER)
     )
 }
 
@@ -416,13 +453,15 @@ mod tests {
             [
                 "secret-deletes.cds-secret-guard.io",
                 "in-use-namespaces.cds-secret-guard.io",
-                "in-use-objects.cds-secret-guard.io"
+                "in-use-objects.cds-secret-guard.io",
+                "in-use-deferred.cds-secret-guard.io"
             ]
         );
-        let (namespaces, objects) = (&webhooks[1], &webhooks[2]);
-        for webhook in [namespaces, objects] {
+        let (namespaces, objects, deferred) = (&webhooks[1], &webhooks[2], &webhooks[3]);
+        for webhook in [namespaces, objects, deferred] {
             assert_eq!(webhook.client_config.url.as_deref(), Some("https://g/validate-in-use"));
-            assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+            let failure_policy = if webhook == deferred { "Ignore" } else { "Fail" };
+            assert_eq!(webhook.failure_policy.as_deref(), Some(failure_policy));
             assert_eq!(webhook.side_effects, "NoneOnDryRun");
             let resources: Vec<String> = webhook
                 .rules
@@ -437,7 +476,12 @@ mod tests {
                 .flatten()
                 .map(|condition| condition.name.as_str())
                 .collect();
-            assert_eq!(conditions, ["not-root-ca", "not-exempt"]);
+            let expected: &[&str] = if webhook == deferred {
+                &["held", "not-exempt"]
+            } else {
+                &["not-root-ca", "not-held", "not-exempt"]
+            };
+            assert_eq!(conditions, expected);
             let name = requirements(&webhook.namespace_selector)
                 .iter()
                 .find(|requirement| requirement.key == "kubernetes.io/metadata.name")
@@ -445,20 +489,35 @@ mod tests {
             assert_eq!(name.operator, "NotIn");
             assert_eq!(name.values.as_deref().unwrap(), ["kube-system", "cds-secret-guard"]);
         }
-        let opted_in = BTreeMap::from([(OPT_IN_LABEL.to_owned(), OPT_IN_VALUE.to_owned())]);
+        let values: Vec<String> = ["enabled", "defer", "refuse"].map(str::to_owned).to_vec();
+        let opt_in = |operator: &str| LabelSelectorRequirement {
+            key: OPT_IN_LABEL.to_owned(),
+            operator: operator.to_owned(),
+            values: Some(values.clone()),
+        };
         // Opted-in namespaces, whatever their objects say...
-        assert_eq!(
-            namespaces.namespace_selector.as_ref().unwrap().match_labels,
-            Some(opted_in.clone())
-        );
+        assert_eq!(requirements(&namespaces.namespace_selector)[0], opt_in("In"));
         assert_eq!(namespaces.object_selector, None);
         // ...and elsewhere, opted-in objects: a namespace NotIn the opt-in, never both.
-        let others = &requirements(&objects.namespace_selector)[0];
+        assert_eq!(requirements(&objects.namespace_selector)[0], opt_in("NotIn"));
+        assert_eq!(requirements(&objects.object_selector), [opt_in("In")]);
+        // Held objects, whichever webhook refused them before: the finalizer says it, and
+        // no other webhook sees them.
+        assert_eq!(deferred.object_selector, None);
         assert_eq!(
-            (others.key.as_str(), others.operator.as_str(), others.values.as_deref()),
-            (OPT_IN_LABEL, "NotIn", Some(&[OPT_IN_VALUE.to_owned()][..]))
+            requirements(&deferred.namespace_selector).len(),
+            1,
+            "the guard's scope only"
         );
-        assert_eq!(objects.object_selector.as_ref().unwrap().match_labels, Some(opted_in));
+        let held = &deferred.match_conditions.as_ref().unwrap()[0].expression;
+        assert!(
+            held.contains("'cds-secret-guard.io/in-use' in oldObject.metadata.finalizers"),
+            "{held}"
+        );
+        for webhook in [namespaces, objects] {
+            let not_held = &webhook.match_conditions.as_ref().unwrap()[1].expression;
+            assert_eq!(*not_held, format!("!({held})"));
+        }
     }
 
     #[test]

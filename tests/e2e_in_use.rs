@@ -94,6 +94,7 @@ async fn decide(ns: &TestNamespace, kind: Kind, name: &str) -> Verdict {
         name,
         object: None,
         exempt: false,
+        mode: in_use::Mode::Refuse,
     };
     in_use::decide(&request, &KubeInUse::new(client().await)).await
 }
@@ -341,6 +342,7 @@ async fn the_pod_index_answers_for_the_list_and_misses_no_pod_created_a_moment_b
         name,
         object: None,
         exempt: false,
+        mode: in_use::Mode::Refuse,
     };
     until("the index is filled", async || {
         !lookup.cached_users(&ns.name, Kind::ConfigMap, "nothing").is_empty()
@@ -395,14 +397,23 @@ fn in_use_guard() -> Arc<Guard> {
 }
 
 fn label(target: &[&str], ns: Option<&str>) {
+    label_with(
+        target,
+        ns,
+        &format!("{}={}", in_use::OPT_IN_LABEL, in_use::OPT_IN_VALUE),
+    );
+}
+
+/// `kubectl label --overwrite TARGET LABEL` (`key-` removes it).
+fn label_with(target: &[&str], ns: Option<&str>, label: &str) {
     let mut command = kubectl();
     if let Some(ns) = ns {
         command.args(["-n", ns]);
     }
     let labelled = command
-        .arg("label")
+        .args(["label", "--overwrite"])
         .args(target)
-        .arg(format!("{}={}", in_use::OPT_IN_LABEL, in_use::OPT_IN_VALUE))
+        .arg(label)
         .output()
         .unwrap();
     assert!(labelled.status.success(), "label {target:?}: {labelled:?}");
@@ -600,4 +611,343 @@ async fn the_force_path_the_root_ca_and_namespace_deletion_are_never_blocked() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+// --- deferred deletes: the same guard, in namespaces opted in with `defer` ---
+
+const DEFER: &str = "cds-secret-guard/in-use-protection=defer";
+
+/// `kubectl -n NS delete KIND NAME --wait=false`: whether it succeeded, and what kubectl
+/// printed on stderr (the warnings of a deferred delete, or the refusal).
+fn kubectl_delete_said(namespace: &str, kind: &str, name: &str) -> (bool, String) {
+    let output = kubectl()
+        .args(["-n", namespace, "delete", kind, name, "--wait=false"])
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The object's metadata, `None` once it is gone.
+async fn metadata_of(
+    ns: &TestNamespace,
+    kind: Kind,
+    name: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
+    let client = client().await;
+    match kind {
+        Kind::ConfigMap => Api::<ConfigMap>::namespaced(client, &ns.name)
+            .get_metadata_opt(name)
+            .await
+            .unwrap()
+            .map(|found| found.metadata),
+        Kind::Secret => Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client, &ns.name)
+            .get_metadata_opt(name)
+            .await
+            .unwrap()
+            .map(|found| found.metadata),
+    }
+}
+
+async fn held(ns: &TestNamespace, kind: Kind, name: &str) -> bool {
+    metadata_of(ns, kind, name)
+        .await
+        .is_some_and(|meta| in_use::is_held(&meta))
+}
+
+/// A bare pod `name` reading the ConfigMap `settings` through a volume and the Secret
+/// `token` through `envFrom`.
+fn settings_and_token_reader(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "app", "image": "busybox", "envFrom": [{"secretRef": {"name": "token"}}]}],
+            "volumes": [{"name": "settings", "configMap": {"name": "settings"}}],
+        },
+    }))
+    .unwrap()
+}
+
+/// Deletes the namespace and waits until it is gone: whatever the guard held in it is
+/// released.
+async fn namespace_deleted(ns: &TestNamespace, within: Duration) -> Duration {
+    let started = Instant::now();
+    let deleted = kubectl()
+        .args(["delete", "namespace", &ns.name, "--wait=false"])
+        .output()
+        .unwrap();
+    assert!(deleted.status.success(), "{deleted:?}");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client().await);
+    while namespaces.get_opt(&ns.name).await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < within,
+            "namespace {} still there after {within:?}",
+            ns.name
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn in_defer_a_used_object_is_held_and_its_delete_completes_once_its_last_pod_is_gone() {
+    let _running = CONTROLLERS.read().await;
+    let guard = in_use_guard();
+    let ns = TestNamespace::new("in-use-defer").await;
+    label_with(&["namespace", &ns.name], None, DEFER);
+    create_settings_and_token(&ns, json!({})).await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client().await, &ns.name);
+    let unused = serde_json::from_value(json!({"metadata": {"name": "unused"}})).unwrap();
+    config_maps.create(&PostParams::default(), &unused).await.unwrap();
+    ns.pods()
+        .create(&PostParams::default(), &settings_and_token_reader("web"))
+        .await
+        .unwrap();
+
+    // Held once a pod uses it, and only then.
+    until("the finalizer on what the pod uses", async || {
+        held(&ns, Kind::ConfigMap, "settings").await && held(&ns, Kind::Secret, "token").await
+    })
+    .await;
+    assert!(!held(&ns, Kind::ConfigMap, "unused").await, "no pod uses it");
+
+    // The delete succeeds, tells why the object stays, and the object stays.
+    for (kind, name) in [("configmap", "settings"), ("secret", "token")] {
+        let (deleted, said) = kubectl_delete_said(&ns.name, kind, name);
+        assert!(deleted, "{kind} {name}: {said}");
+        let warning = format!(
+            "Warning: {kind} {name} is in use by pod web in namespace {}; it will be deleted once they are gone",
+            ns.name
+        );
+        assert!(said.contains(&warning), "{said:?} lacks {warning:?}");
+    }
+    let settings = metadata_of(&ns, Kind::ConfigMap, "settings").await.unwrap();
+    assert!(settings.deletion_timestamp.is_some() && in_use::is_held(&settings));
+    let line = guard
+        .audit_line_where("the deferred delete", |line| {
+            line["object"] == "settings" && line["namespace"] == ns.name.as_str()
+        })
+        .await;
+    assert_eq!(
+        (&line["decision"], &line["reason"], &line["pods"]),
+        (&json!("allow"), &json!("deferred"), &json!("web"))
+    );
+    let recorded = apiserver_audit().into_iter().any(|event| {
+        event["verb"] == "delete"
+            && event["objectRef"]["name"] == "token"
+            && event["objectRef"]["namespace"] == ns.name.as_str()
+            && event["annotations"]["in-use-deferred.cds-secret-guard.io/reason"] == "deferred"
+    });
+    assert!(recorded, "the apiserver's audit log has the deferral");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client().await, &ns.name);
+    until("a DeleteDeferred Event on the ConfigMap", async || {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|event| {
+                event.reason.as_deref() == Some("DeleteDeferred")
+                    && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("settings")
+            })
+    })
+    .await;
+    // An unused object goes at once, as without the guard.
+    assert!(kubectl_delete_said(&ns.name, "configmap", "unused").0);
+    assert!(metadata_of(&ns, Kind::ConfigMap, "unused").await.is_none());
+
+    // A pod created against the object being deleted uses it too: it stays for both.
+    ns.pods()
+        .create(&PostParams::default(), &settings_and_token_reader("late"))
+        .await
+        .unwrap();
+    ns.pods().delete("web", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        metadata_of(&ns, Kind::ConfigMap, "settings").await.is_some(),
+        "the pod created meanwhile keeps it"
+    );
+
+    // The last pod gone, both go.
+    ns.pods().delete("late", &DeleteParams::default()).await.unwrap();
+    let started = Instant::now();
+    until("both objects gone once no pod uses them", async || {
+        metadata_of(&ns, Kind::ConfigMap, "settings").await.is_none()
+            && metadata_of(&ns, Kind::Secret, "token").await.is_none()
+    })
+    .await;
+    println!("deferred deletes completed {:?} after the last pod", started.elapsed());
+    let metrics = guard.metrics().await;
+    assert!(
+        metric(
+            &metrics,
+            "cds_secret_guard_in_use_finalizer_writes_total{action=\"add\"}"
+        )
+        .unwrap()
+            >= 2.0
+    );
+    assert!(
+        metric(
+            &metrics,
+            "cds_secret_guard_in_use_finalizer_writes_total{action=\"remove\"}"
+        )
+        .unwrap()
+            >= 2.0
+    );
+}
+
+#[tokio::test]
+async fn in_defer_helm_uninstalls_order_completes_and_the_force_path_deletes_at_once() {
+    let _running = CONTROLLERS.read().await;
+    let _guard = in_use_guard();
+    let ns = TestNamespace::new("in-use-defer-helm").await;
+    label_with(&["namespace", &ns.name], None, DEFER);
+    create_settings_and_token(&ns, json!({})).await;
+    let deployments: Api<Deployment> = Api::namespaced(client().await, &ns.name);
+    deployments
+        .create(&PostParams::default(), &deployment("web", 2))
+        .await
+        .unwrap();
+    pods_of(&ns, "web", 2).await;
+    until("the Deployment's objects held", async || {
+        held(&ns, Kind::ConfigMap, "settings").await && held(&ns, Kind::Secret, "token").await
+    })
+    .await;
+
+    // `helm uninstall`: the Deployment, then at once what its pods use. The pods are on
+    // their way out, so the objects go without waiting for the garbage collector.
+    let started = Instant::now();
+    deployments.delete("web", &DeleteParams::default()).await.unwrap();
+    assert!(kubectl_delete_said(&ns.name, "configmap", "settings").0);
+    until("the ConfigMap gone with its Deployment", async || {
+        metadata_of(&ns, Kind::ConfigMap, "settings").await.is_none()
+    })
+    .await;
+    println!(
+        "a held ConfigMap deleted after its Deployment went in {:?}",
+        started.elapsed()
+    );
+
+    // The force annotation: deleted at once, whatever uses it.
+    ns.pods()
+        .create(&PostParams::default(), &settings_and_token_reader("reader"))
+        .await
+        .unwrap();
+    until("the token held", async || held(&ns, Kind::Secret, "token").await).await;
+    let annotated = kubectl()
+        .args(["-n", &ns.name, "annotate", "secret", "token"])
+        .arg(format!("{}=INC-7 leaked", in_use::FORCE_ANNOTATION))
+        .output()
+        .unwrap();
+    assert!(annotated.status.success(), "{annotated:?}");
+    let started = Instant::now();
+    assert!(kubectl_delete_said(&ns.name, "secret", "token").0);
+    until("the forced delete done", async || {
+        metadata_of(&ns, Kind::Secret, "token").await.is_none()
+    })
+    .await;
+    println!("a forced delete of a held Secret done in {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn removing_the_opt_in_releases_and_namespace_deletion_completes() {
+    let _running = CONTROLLERS.read().await;
+    let _guard = in_use_guard();
+    let ns = TestNamespace::new("in-use-defer-opt").await;
+    label_with(&["namespace", &ns.name], None, DEFER);
+    create_settings_and_token(&ns, json!({})).await;
+    ns.pods()
+        .create(&PostParams::default(), &settings_and_token_reader("web"))
+        .await
+        .unwrap();
+    until("held", async || held(&ns, Kind::ConfigMap, "settings").await).await;
+
+    // The namespace's label removed: released. Back: held again.
+    label_with(&["namespace", &ns.name], None, &format!("{}-", in_use::OPT_IN_LABEL));
+    until("released once the namespace is opted out", async || {
+        !held(&ns, Kind::ConfigMap, "settings").await && !held(&ns, Kind::Secret, "token").await
+    })
+    .await;
+    label_with(&["namespace", &ns.name], None, DEFER);
+    until("held again", async || held(&ns, Kind::ConfigMap, "settings").await).await;
+    // The object's own label says `refuse`: released, and its delete refused.
+    label_with(
+        &["configmap", "settings"],
+        Some(&ns.name),
+        &format!("{}=refuse", in_use::OPT_IN_LABEL),
+    );
+    until("released in refuse", async || {
+        !held(&ns, Kind::ConfigMap, "settings").await
+    })
+    .await;
+    let (deleted, said) = kubectl_delete_said(&ns.name, "configmap", "settings");
+    assert!(!deleted && said.contains("is in use by pod web"), "{said}");
+
+    // An object opted in by its own label, in a namespace that is not: held, then
+    // released when the label goes.
+    let other = TestNamespace::new("in-use-defer-object").await;
+    create_settings_and_token(&other, json!({in_use::OPT_IN_LABEL: "defer"})).await;
+    other
+        .pods()
+        .create(&PostParams::default(), &settings_and_token_reader("web"))
+        .await
+        .unwrap();
+    until("the labelled object held", async || {
+        held(&other, Kind::Secret, "token").await
+    })
+    .await;
+    label_with(
+        &["secret", "token"],
+        Some(&other.name),
+        &format!("{}-", in_use::OPT_IN_LABEL),
+    );
+    until("released once the object is opted out", async || {
+        !held(&other, Kind::Secret, "token").await
+    })
+    .await;
+
+    // Deleting a namespace whose pods use what the guard holds, and a deferred delete
+    // pending in it: it completes.
+    until("the token held", async || held(&ns, Kind::Secret, "token").await).await;
+    assert!(kubectl_delete_said(&ns.name, "secret", "token").0);
+    let took = namespace_deleted(&ns, Duration::from_secs(60)).await;
+    println!("a namespace with held objects in use deleted in {took:?}");
+}
+
+#[tokio::test]
+async fn release_finalizers_lets_every_deferred_delete_complete() {
+    let _running = CONTROLLERS.read().await;
+    let _guard = in_use_guard();
+    let ns = TestNamespace::new("in-use-release").await;
+    label_with(&["namespace", &ns.name], None, DEFER);
+    create_settings_and_token(&ns, json!({})).await;
+    ns.pods()
+        .create(&PostParams::default(), &settings_and_token_reader("web"))
+        .await
+        .unwrap();
+    until("held", async || {
+        held(&ns, Kind::ConfigMap, "settings").await && held(&ns, Kind::Secret, "token").await
+    })
+    .await;
+    assert!(kubectl_delete_said(&ns.name, "configmap", "settings").0);
+    // What the chart's uninstall hook and the emergency page run.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cds-secret-guard"))
+        .args(["release-finalizers", "--namespace", &ns.name])
+        .env("KUBECONFIG", control_plane())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        said.contains(&format!("released {}/ConfigMap/settings", ns.name))
+            && said.contains(&format!("released {}/Secret/token", ns.name)),
+        "{said}"
+    );
+    assert!(
+        metadata_of(&ns, Kind::ConfigMap, "settings").await.is_none(),
+        "the deferred delete completed"
+    );
 }

@@ -228,11 +228,12 @@ fn generated_match_conditions() -> String {
         "# Generated: the match conditions of `cds-secret-guard webhooks` (src/webhooks.rs)\n\
          # for the default protected secrets: prefixes {}; label {label}.\n\
          # Do not edit; regenerate: UPDATE_GENERATED=1 cargo test --test helm match_conditions\n\
-         protectedSecret: {}\nworkerPod: {}\nnotRootCa: {}\n",
+         protectedSecret: {}\nworkerPod: {}\nnotRootCa: {}\nheld: {}\n",
         prefixes.join(", "),
         serde_json::to_string(&webhooks::protected_secret_expression(prefixes, label)).unwrap(),
         serde_json::to_string(&webhooks::worker_pod_expression(prefixes, label)).unwrap(),
         serde_json::to_string(&webhooks::not_root_ca_expression()).unwrap(),
+        serde_json::to_string(&webhooks::held_expression()).unwrap(),
     )
 }
 
@@ -931,6 +932,11 @@ fn every_value_set_renders_what_it_says() {
             }
             "in-use protection" | "in-use protection, namespaced" => {
                 assert_eq!(env_value(&env, "CDS_GUARD_IN_USE_PROTECTION"), Some("true"));
+                assert_eq!(
+                    env_value(&env, "CDS_GUARD_IN_USE_MODE"),
+                    Some("defer"),
+                    "the chart defers"
+                );
                 let names: Vec<&str> = validating
                     .as_array()
                     .unwrap()
@@ -942,12 +948,15 @@ fn every_value_set_renders_what_it_says() {
                     [
                         "secret-deletes.cds-secret-guard.io",
                         "in-use-namespaces.cds-secret-guard.io",
-                        "in-use-objects.cds-secret-guard.io"
+                        "in-use-objects.cds-secret-guard.io",
+                        "in-use-deferred.cds-secret-guard.io"
                     ]
                 );
                 for webhook in &validating.as_array().unwrap()[1..] {
                     assert_eq!(webhook["clientConfig"]["service"]["path"], "/validate-in-use");
-                    assert_eq!(webhook["failurePolicy"], "Fail");
+                    // A held object's delete waits for the guard on its finalizer.
+                    let failure_policy = if webhook["name"] == names[3] { "Ignore" } else { "Fail" };
+                    assert_eq!(webhook["failurePolicy"], failure_policy);
                 }
                 let (kind, namespace) = match name {
                     "in-use protection" => ("ClusterRole", None),
@@ -966,6 +975,17 @@ fn every_value_set_renders_what_it_says() {
                     .find(|rule| rule["apiGroups"] == json!(["apps"]))
                     .unwrap_or_else(|| panic!("{name}: no rule on the workloads in {role}"));
                 assert_eq!(workloads["verbs"], json!(["get"]), "{name}: read, never written");
+                let config_maps = role["rules"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|rule| rule["resources"] == json!(["configmaps"]))
+                    .unwrap_or_else(|| panic!("{name}: no rule on the ConfigMaps in {role}"));
+                assert_eq!(
+                    config_maps["verbs"],
+                    json!(["get", "list", "watch", "patch"]),
+                    "{name}: the finalizer of deferred deletes"
+                );
             }
             other => unreachable!("{other}"),
         }

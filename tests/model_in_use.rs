@@ -313,6 +313,7 @@ impl InUseModel {
                     name: "settings",
                     object: None,
                     exempt: false,
+                    mode: in_use::Mode::Refuse,
                 };
                 let verdict = futures::executor::block_on(in_use::decide(&request, &store));
                 state.from_index |= store.from_index.load(Ordering::Relaxed);

@@ -180,12 +180,22 @@ pub async fn validate_in_use_delete<'a>(
         username: request.user_info.username.as_deref(),
         groups: request.user_info.groups.as_deref().unwrap_or_default(),
     };
+    let namespace = request.namespace.as_deref().unwrap_or_default();
+    let namespace_labels = state
+        .in_use
+        .as_ref()
+        .and_then(|lookup| lookup.namespace_labels(namespace));
+    let object_labels = object.and_then(|object| object.labels.as_ref());
+    // Sent here, the object was opted in; the caches may not know it yet.
+    let mode =
+        in_use::opted_in(object_labels, namespace_labels.as_ref(), state.in_use_mode).unwrap_or(state.in_use_mode);
     let delete = ObjectDelete {
         kind,
-        namespace: request.namespace.as_deref().unwrap_or_default(),
+        namespace,
         name: object_name(&request.name, object),
         object,
         exempt: state.policy.is_exempt(who.username, who.groups),
+        mode,
     };
     let verdict = match &state.in_use {
         Some(lookup) => {
@@ -216,16 +226,21 @@ pub async fn validate_in_use_delete<'a>(
         dry_run: request.dry_run,
     };
     state.audit.record_in_use(&delete, who, requester, &verdict, enforced);
-    if enforced && !verdict.allowed && !request.dry_run {
+    let deferred = verdict.reason == in_use::Reason::Deferred;
+    if !request.dry_run {
         let deleted = events::DeletedRef {
             kind: kind.as_str(),
             namespace: delete.namespace,
             name: delete.name,
             uid: object.and_then(|object| object.uid.as_deref()),
         };
-        state
-            .events
-            .delete_denied(deleted, verdict.reason.code(), &verdict.message);
+        if enforced && !verdict.allowed {
+            state
+                .events
+                .delete_denied(deleted, verdict.reason.code(), &verdict.message);
+        } else if deferred {
+            state.events.delete_deferred(deleted, &verdict.message);
+        }
     }
     let outcome = audit::outcome(verdict.allowed, enforced);
     state
@@ -233,13 +248,16 @@ pub async fn validate_in_use_delete<'a>(
         .decision(IN_USE_RULES, "DELETE", outcome, verdict.reason.code());
 
     let mut answer = Answer::allow(&request.uid);
-    if verdict.allowed && verdict.reason != in_use::Reason::Forced {
+    if verdict.allowed && verdict.reason != in_use::Reason::Forced && !deferred {
         return answer;
     }
-    // A forced delete goes through, and the apiserver's audit log says so.
+    // A forced or deferred delete goes through, and the apiserver's audit log says so;
+    // `kubectl` and Helm print a deferral's warning.
     answer.audit_annotations = audit::in_use_annotations(&verdict);
     if !verdict.allowed {
         refuse(&mut answer, verdict.message, enforced);
+    } else if deferred {
+        answer.warnings = vec![verdict.message];
     }
     answer
 }

@@ -12,7 +12,7 @@ use crate::{
     audit::AuditLog,
     config::{Limits, PolicyConfig},
     events::Events,
-    in_use::InUseLookup,
+    in_use::{self, InUseLookup},
     lookup::{ClusterLookup, Metered},
     metrics::Metrics,
 };
@@ -24,6 +24,8 @@ pub struct AppState {
     pub(crate) lookup: Metered,
     /// In-use protection's reads, when it is on (`--in-use-protection`).
     pub(crate) in_use: Option<Arc<dyn InUseLookup>>,
+    /// What the opt-in label's `enabled` asks for (`--in-use-mode`).
+    pub(crate) in_use_mode: in_use::Mode,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Arc<AuditLog>,
     /// Events on secrets; a side effect, never awaited.
@@ -62,6 +64,7 @@ impl AppState {
             policy: config.policy.clone(),
             lookup: Metered::new(lookup, metrics.clone()),
             in_use: config.in_use_protection.then_some(in_use),
+            in_use_mode: config.in_use_mode,
             metrics,
             audit: Arc::new(AuditLog::new(config.audit_window)),
             events,

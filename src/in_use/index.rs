@@ -7,6 +7,9 @@
 //! caught up with that revision ([`UserIndex::users_at`], see [`crate::revision`]): that
 //! answer stands in for the LIST of every pod's spec.
 //!
+//! It also tells a subscriber ([`UserIndex::subscribe`]) which objects' users may have
+//! changed: the finalizer of deferred deletes ([`super::finalizer`]) looks at them again.
+//!
 //! A pod is kept as the rules read it (a [`Dependent`]) with the names it needs, never its
 //! spec. Staleness of what is kept errs towards a denial: a pod deleted, gone terminal or
 //! leaving since the index last saw it still counts, and its owners are read by quorum
@@ -21,7 +24,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::Dependent;
 use crate::{
@@ -36,6 +39,8 @@ pub struct UserIndex {
     state: Mutex<IndexState>,
     /// The revision, for the reads waiting for the watch to catch up.
     revision: watch::Sender<u64>,
+    /// Where the objects whose users changed are sent, while someone listens.
+    changes: Mutex<Option<mpsc::UnboundedSender<ObjectKey>>>,
 }
 
 struct IndexState {
@@ -49,7 +54,7 @@ struct IndexState {
 /// (namespace, name) of a pod.
 type PodKey = (String, String);
 /// (namespace, kind, name) of a Secret or ConfigMap.
-type ObjectKey = (String, Kind, String);
+pub type ObjectKey = (String, Kind, String);
 
 #[derive(Default)]
 struct Pods {
@@ -80,7 +85,15 @@ impl UserIndex {
                 progress: Progress::default(),
             }),
             revision: watch::Sender::new(0),
+            changes: Mutex::default(),
         }
+    }
+
+    /// Sends to `changes`, from now on, the objects whose users may have changed: those
+    /// needed by a pod that came, went, or changed what it needs or whether it runs.
+    /// Replaces an earlier subscriber.
+    pub fn subscribe(&self, changes: mpsc::UnboundedSender<ObjectKey>) {
+        *self.changes.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(changes);
     }
 
     /// The namespace watched, or `None` for all.
@@ -95,14 +108,15 @@ impl UserIndex {
 
     /// Takes one event of the watch.
     pub fn observe(&self, event: &Event<Pod>) {
+        let mut changed = Vec::new();
         let mut state = self.lock();
         match event {
             Event::Apply(pod) => {
-                state.pods.insert(pod);
+                changed = state.pods.insert(pod);
                 state.progress.advance(revision_of(pod));
             }
             Event::Delete(pod) => {
-                state.pods.remove(pod);
+                changed = state.pods.remove(pod);
                 state.progress.advance(revision_of(pod));
             }
             Event::Init => state.relist = Some(Pods::default()),
@@ -116,13 +130,27 @@ impl UserIndex {
                     // The list's own revision is not in the events; its newest pod's is no
                     // newer, so the claim stays true.
                     state.progress.revision = relist.newest;
-                    state.pods = relist;
+                    let replaced = std::mem::replace(&mut state.pods, relist);
+                    changed = replaced.users.into_keys().collect();
+                    changed.extend(state.pods.users.keys().cloned());
                 }
             }
         }
         let revision = state.progress.revision;
+        drop(state);
         self.revision
             .send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
+        if !changed.is_empty()
+            && let Some(changes) = self
+                .changes
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .as_ref()
+        {
+            for object in changed {
+                let _ = changes.send(object);
+            }
+        }
     }
 
     /// Whether the watch's events come often enough that waiting for the next is likely
@@ -163,12 +191,13 @@ impl UserIndex {
 // === impl Pods ===
 
 impl Pods {
-    fn insert(&mut self, pod: &Pod) {
+    /// Keeps `pod`; returns the objects whose users changed with it.
+    fn insert(&mut self, pod: &Pod) -> Vec<ObjectKey> {
         if let Some(revision) = revision_of(pod) {
             self.newest = self.newest.max(revision);
         }
-        let Some(key) = key(pod) else { return };
-        self.remove_key(&key);
+        let Some(key) = key(pod) else { return Vec::new() };
+        let old = self.remove_key(&key);
         let mut needs = Vec::new();
         if let Some(spec) = &pod.spec {
             references::visit(spec, |reference| {
@@ -189,19 +218,38 @@ impl Pods {
             terminal: matches!(phase, Some("Succeeded" | "Failed")),
             ..super::reads::dependent("v1", "Pod", &pod.metadata)
         };
-        self.pods.insert(key, Indexed { pod: dependent, needs });
-    }
-
-    fn remove(&mut self, pod: &Pod) {
-        if let Some(key) = key(pod) {
-            self.remove_key(&key);
+        // A status update of a running pod changes no object's users.
+        let same = old.as_ref().is_some_and(|old| {
+            old.needs == needs && old.pod.deleting == dependent.deleting && old.pod.terminal == dependent.terminal
+        });
+        let mut changed = Vec::new();
+        if !same {
+            let olds = old.iter().flat_map(|old| old.needs.iter());
+            for (kind, name) in olds.chain(&needs) {
+                let object = (key.0.clone(), *kind, name.clone());
+                if !changed.contains(&object) {
+                    changed.push(object);
+                }
+            }
         }
+        self.pods.insert(key, Indexed { pod: dependent, needs });
+        changed
     }
 
-    fn remove_key(&mut self, key: &PodKey) {
-        let Some(old) = self.pods.remove(key) else { return };
-        for (kind, name) in old.needs {
-            let object = (key.0.clone(), kind, name);
+    /// Forgets `pod`; returns the objects it needed.
+    fn remove(&mut self, pod: &Pod) -> Vec<ObjectKey> {
+        let Some(key) = key(pod) else { return Vec::new() };
+        let old = self.remove_key(&key);
+        old.into_iter()
+            .flat_map(|old| old.needs)
+            .map(|(kind, name)| (key.0.clone(), kind, name))
+            .collect()
+    }
+
+    fn remove_key(&mut self, key: &PodKey) -> Option<Indexed> {
+        let old = self.pods.remove(key)?;
+        for (kind, name) in &old.needs {
+            let object = (key.0.clone(), *kind, name.clone());
             if let Some(names) = self.users.get_mut(&object) {
                 names.remove(&key.1);
                 if names.is_empty() {
@@ -209,6 +257,7 @@ impl Pods {
                 }
             }
         }
+        Some(old)
     }
 
     fn users(&self, namespace: &str, kind: Kind, name: &str) -> Vec<Dependent> {
@@ -346,5 +395,36 @@ mod tests {
         assert!(UserIndex::new(Some("app".into())).covers("app"));
         assert!(!UserIndex::new(Some("app".into())).covers("other"));
         assert!(UserIndex::new(None).covers("other"));
+    }
+
+    #[test]
+    fn a_subscriber_hears_of_the_objects_whose_users_changed_and_not_of_status_updates() {
+        let index = UserIndex::new(None);
+        let (sender, mut changes) = mpsc::unbounded_channel();
+        index.subscribe(sender);
+        let mut heard = || {
+            let mut objects = Vec::new();
+            while let Ok((namespace, kind, name)) = changes.try_recv() {
+                objects.push(format!("{namespace}/{}/{name}", kind.as_str()));
+            }
+            objects
+        };
+        index.observe(&Event::Apply(pod("web", "settings", 10)));
+        assert_eq!(heard(), ["app/ConfigMap/settings"], "the optional Secret is no use");
+        let mut running = pod("web", "settings", 11);
+        running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        });
+        index.observe(&Event::Apply(running));
+        assert!(heard().is_empty(), "a status update changes no object's users");
+        index.observe(&Event::Apply(pod("web", "other", 12)));
+        assert_eq!(heard(), ["app/ConfigMap/settings", "app/ConfigMap/other"]);
+        index.observe(&Event::Delete(pod("web", "other", 13)));
+        assert_eq!(heard(), ["app/ConfigMap/other"]);
+        index.observe(&Event::Init);
+        index.observe(&Event::InitApply(pod("api", "settings", 14)));
+        index.observe(&Event::InitDone);
+        assert_eq!(heard(), ["app/ConfigMap/settings"], "a relist: what its pods need");
     }
 }

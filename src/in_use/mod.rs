@@ -4,16 +4,27 @@
 //! 1. `kube-root-ca.crt` (every pod projects it, and its controller replaces it) → allow;
 //! 2. the requester is exempt (the namespace controller by default) → allow;
 //! 3. the object carries the [`FORCE_ANNOTATION`] → allow, audited as forced;
-//! 4. a pod of its namespace uses it and stays → deny, naming the pods;
-//! 5. a read failed or ran past its deadline → deny (fail closed);
-//! 6. otherwise → allow.
+//! 4. in [`Mode::Defer`], the object carries the guard's [`FINALIZER`] → allow: the object
+//!    stays, terminating, until no pod uses it ([`finalizer`] removes the finalizer then);
+//!    no read is made, the pods the watch shows are named;
+//! 5. a pod of its namespace uses it and stays → deny, naming the pods;
+//! 6. a read failed or ran past its deadline → deny (fail closed);
+//! 7. otherwise → allow.
 //!
 //! Before a denial stands, a namespace a quorum read shows terminating turns it into an
 //! allow: the namespace takes its pods with it.
 //!
+//! In [`Mode::Defer`], rules 5 and 6 are the safety net for a used object the finalizer does
+//! not hold yet: the guard adds it to every object a pod uses within moments, and a
+//! delete of the version that carries it is the only one deferred. The finalizer is
+//! removed on the same proof that allows a delete in [`Mode::Refuse`]
+//! ([`may_release`]): rules 1 to 3 and 5 to 7.
+//!
 //! A pod **uses** the object while its spec names it without `optional: true`
 //! ([`crate::references::needs`]) and it is not terminal (Succeeded, Failed). A pod not yet
-//! scheduled uses it: it needs it to start. A pod **stays** unless it is being deleted
+//! scheduled uses it: it needs it to start. A pod created while the object is being
+//! deleted uses it too: nothing refuses such a pod, and it would not start without it. A
+//! pod **stays** unless it is being deleted
 //! or the garbage collector will delete it, which is judged as the garbage collector
 //! judges it: every one of the pod's owners is gone (read by UID, then the pod read again
 //! still naming it), or waits for its dependents' deletion (`foregroundDeletion`), or
@@ -33,7 +44,7 @@
 //! the namespace's pods. Pods the index shows ([`InUseLookup::cached_users`]) may deny
 //! without either, never allow.
 
-use std::fmt;
+use std::{collections::BTreeMap, fmt};
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -41,6 +52,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::references::Kind;
 
+pub mod finalizer;
 mod index;
 mod reads;
 
@@ -49,8 +61,13 @@ pub use reads::KubeInUse;
 
 /// The label that opts a namespace (all its Secrets and ConfigMaps) or one object in.
 pub const OPT_IN_LABEL: &str = "cds-secret-guard/in-use-protection";
-/// The opt-in label's value.
+/// The opt-in label's value that asks for the guard's default [`Mode`]; `defer` and
+/// `refuse` ask for that mode.
 pub const OPT_IN_VALUE: &str = "enabled";
+/// Every value of the opt-in label that opts in.
+pub const OPT_IN_VALUES: [&str; 3] = [OPT_IN_VALUE, "defer", "refuse"];
+/// The finalizer that holds an object deleted in [`Mode::Defer`] while pods use it.
+pub const FINALIZER: &str = "cds-secret-guard.io/in-use";
 /// The annotation that lets the next delete through whatever uses the object; its value
 /// says why, and is audited.
 pub const FORCE_ANNOTATION: &str = "cds-secret-guard/force-delete";
@@ -78,6 +95,15 @@ const NAMED_PODS: usize = 3;
 /// The finalizer of an owner whose dependents the garbage collector is deleting.
 const FOREGROUND_DELETION: &str = "foregroundDeletion";
 
+/// What the delete of an opted-in object that pods use gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Mode {
+    /// Accepted: the object stays, held by the [`FINALIZER`], and goes once no pod uses it.
+    Defer,
+    /// Refused, naming the pods.
+    Refuse,
+}
+
 /// A DELETE of an opted-in Secret or ConfigMap, as the rules see it.
 #[derive(Debug, Clone, Copy)]
 pub struct ObjectDelete<'a> {
@@ -91,6 +117,8 @@ pub struct ObjectDelete<'a> {
     pub object: Option<&'a ObjectMeta>,
     /// Whether the requester is exempt.
     pub exempt: bool,
+    /// What a delete of the object in use gets.
+    pub mode: Mode,
 }
 
 /// A pod, or an owner up its chain, as the rules read it.
@@ -141,6 +169,12 @@ pub trait InUseLookup: Send + Sync {
     fn cached_users(&self, _namespace: &str, _kind: Kind, _name: &str) -> Vec<Dependent> {
         Vec::new()
     }
+
+    /// The namespace's labels as a watch shows them, which say whether it is opted in and
+    /// in which [`Mode`]; `None` when unknown.
+    fn namespace_labels(&self, _namespace: &str) -> Option<BTreeMap<String, String>> {
+        None
+    }
 }
 
 /// Which rule decided, as a stable code for logs, metrics and audit annotations.
@@ -152,11 +186,13 @@ pub enum Reason {
     Exempt,
     /// Rule 3: forced by the annotation.
     Forced,
-    /// Rule 4: pods use it.
+    /// Rule 4: held by the finalizer until no pod uses it.
+    Deferred,
+    /// Rule 5: pods use it.
     InUse,
-    /// Rule 5: the pods could not be verified.
+    /// Rule 6: the pods could not be verified.
     LookupFailed,
-    /// Rule 6: no pod uses it.
+    /// Rule 7: no pod uses it.
     Unused,
     /// A denial overridden: the namespace is being deleted.
     NamespaceTerminating,
@@ -207,6 +243,10 @@ pub async fn decide(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Ver
             format!("{what} deleted by force ({FORCE_ANNOTATION}: {why})"),
         );
     }
+    // Rule 4.
+    if request.mode == Mode::Defer && request.object.is_some_and(is_held) {
+        return deferred(request, lookup);
+    }
 
     let verdict = match staying_users(request, lookup).await {
         Ok(staying) if staying.names.is_empty() => Verdict::allow(Reason::Unused, format!("no pod uses {what}")),
@@ -225,6 +265,74 @@ pub async fn decide(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Ver
             format!("namespace {} is being deleted", request.namespace),
         ),
         Ok(false) | Err(_) => verdict,
+    }
+}
+
+/// Whether the object may go, held by the [`FINALIZER`] once deleted: the proof that
+/// allows a delete in [`Mode::Refuse`] (forced, unused, its namespace being deleted),
+/// made when the finalizer is to be removed.
+pub async fn may_release(object: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
+    let request = ObjectDelete {
+        exempt: false,
+        mode: Mode::Refuse,
+        ..*object
+    };
+    decide(&request, lookup).await
+}
+
+/// Whether the object carries the [`FINALIZER`].
+pub fn is_held(object: &ObjectMeta) -> bool {
+    object
+        .finalizers
+        .as_ref()
+        .is_some_and(|finalizers| finalizers.iter().any(|finalizer| finalizer == FINALIZER))
+}
+
+/// The mode an object is opted in with: its own label's, else its namespace's; `None`
+/// when neither opts it in. `default` is the mode `enabled` asks for.
+pub fn opted_in(
+    object: Option<&BTreeMap<String, String>>,
+    namespace: Option<&BTreeMap<String, String>>,
+    default: Mode,
+) -> Option<Mode> {
+    let mode = |labels: Option<&BTreeMap<String, String>>| {
+        labels
+            .and_then(|labels| labels.get(OPT_IN_LABEL))
+            .and_then(|value| Mode::from_label(value, default))
+    };
+    mode(object).or_else(|| mode(namespace))
+}
+
+/// Rule 4: the delete goes through and the finalizer holds the object. The pods the
+/// watch shows are named, unread: the proof waits for the finalizer's removal.
+fn deferred(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
+    let what = Subject(request.kind, request.name);
+    let mut pods: Vec<String> = lookup
+        .cached_users(request.namespace, request.kind, request.name)
+        .into_iter()
+        .filter(|pod| !pod.terminal && !pod.deleting)
+        .map(|pod| pod.name)
+        .collect();
+    pods.sort_unstable();
+    pods.dedup();
+    let more = pods.len().saturating_sub(NAMED_PODS);
+    pods.truncate(NAMED_PODS);
+    let message = if pods.is_empty() {
+        format!(
+            "{what} will be deleted once no pod of namespace {} uses it",
+            request.namespace
+        )
+    } else {
+        format!(
+            "{what} is in use by pod {}{} in namespace {}; it will be deleted once they are gone",
+            pods.join(", "),
+            more_pods(more),
+            request.namespace
+        )
+    };
+    Verdict {
+        pods,
+        ..Verdict::allow(Reason::Deferred, message)
     }
 }
 
@@ -335,19 +443,30 @@ async fn takes_along(
 fn in_use(request: &ObjectDelete<'_>, staying: Staying) -> Verdict {
     let what = Subject(request.kind, request.name);
     let named = staying.names.join(", ");
-    let more = match staying.more {
-        0 => String::new(),
-        1 => " (and 1 more pod names it)".to_owned(),
-        more => format!(" (and {more} more pods name it)"),
+    let more = more_pods(staying.more);
+    // In defer, only an object the finalizer does not hold yet is refused: the guard
+    // holds every used object within moments of its first pod.
+    let retry = match request.mode {
+        Mode::Defer => "it is not yet held for a deferred delete: try again in a few seconds, ",
+        Mode::Refuse => "",
     };
     let message = format!(
-        "{what} is in use by pod {named}{more} in namespace {}; delete or scale down what uses it first, \
-         or annotate it {FORCE_ANNOTATION}=<why> to force the delete",
+        "{what} is in use by pod {named}{more} in namespace {}; {retry}delete or scale down what uses it \
+         first, or annotate it {FORCE_ANNOTATION}=<why> to force the delete",
         request.namespace
     );
     Verdict {
         pods: staying.names,
         ..Verdict::deny(Reason::InUse, message)
+    }
+}
+
+/// " (and N more pods name it)", or nothing.
+fn more_pods(more: usize) -> String {
+    match more {
+        0 => String::new(),
+        1 => " (and 1 more pod names it)".to_owned(),
+        more => format!(" (and {more} more pods name it)"),
     }
 }
 
@@ -368,10 +487,11 @@ impl fmt::Display for Subject<'_> {
 
 impl Reason {
     /// Every reason, for the decision counters to start at 0.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::NotProtected,
         Self::Exempt,
         Self::Forced,
+        Self::Deferred,
         Self::InUse,
         Self::LookupFailed,
         Self::Unused,
@@ -389,6 +509,7 @@ impl Reason {
             Self::NotProtected => "not-protected",
             Self::Exempt => "exempt",
             Self::Forced => "forced",
+            Self::Deferred => "deferred",
             Self::InUse => "in-use",
             Self::LookupFailed => "lookup-failed",
             Self::Unused => "unused",
@@ -400,6 +521,29 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.code())
+    }
+}
+
+// === impl Mode ===
+
+impl Mode {
+    /// The mode a value of the opt-in label asks for (`enabled`: `default`); `None` for a
+    /// value that does not opt in.
+    pub fn from_label(value: &str, default: Self) -> Option<Self> {
+        match value {
+            OPT_IN_VALUE => Some(default),
+            "defer" => Some(Self::Defer),
+            "refuse" => Some(Self::Refuse),
+            _ => None,
+        }
+    }
+
+    /// The mode's name, as the label and the flag write it.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Defer => "defer",
+            Self::Refuse => "refuse",
+        }
     }
 }
 
@@ -530,6 +674,7 @@ mod tests {
             name: "settings",
             object: Some(&meta),
             exempt: false,
+            mode: Mode::Refuse,
         };
         decide(&request, lookup).await
     }
@@ -608,6 +753,7 @@ mod tests {
             name: ROOT_CA,
             object: None,
             exempt: false,
+            mode: Mode::Refuse,
         };
         assert_eq!(decide(&root_ca, &lookup).await.reason, Reason::NotProtected);
         let secret_named_so = ObjectDelete {
@@ -812,5 +958,137 @@ mod tests {
             (Reason::InUse, vec!["listed".to_owned()])
         );
         assert_eq!(lookup.lists.load(Ordering::Relaxed), 1);
+    }
+
+    /// `settings`, held by the finalizer or not, deleted in `mode`.
+    async fn delete_in(lookup: &Fake, mode: Mode, held: bool) -> Verdict {
+        let meta = ObjectMeta {
+            finalizers: held.then(|| vec!["example.com/other".to_owned(), FINALIZER.to_owned()]),
+            ..ObjectMeta::default()
+        };
+        let request = ObjectDelete {
+            kind: Kind::ConfigMap,
+            namespace: "app",
+            name: "settings",
+            object: Some(&meta),
+            exempt: false,
+            mode,
+        };
+        decide(&request, lookup).await
+    }
+
+    #[tokio::test]
+    async fn in_defer_a_held_object_goes_through_unread_naming_the_pods_the_watch_shows() {
+        let leaving = Dependent {
+            deleting: true,
+            ..pod("leaving", &[])
+        };
+        let lookup = Fake {
+            cached: vec![pod("web-b", &[]), pod("web-a", &[]), leaving],
+            users_fail: true,
+            objects_fail: true,
+            ..Fake::default()
+        };
+        let verdict = delete_in(&lookup, Mode::Defer, true).await;
+        assert!(verdict.allowed, "{verdict:?}");
+        assert_eq!(verdict.reason, Reason::Deferred);
+        assert_eq!(verdict.pods, ["web-a", "web-b"]);
+        assert_eq!(
+            verdict.message,
+            "configmap settings is in use by pod web-a, web-b in namespace app; it will be deleted once they are gone"
+        );
+        assert_eq!(lookup.lists.load(Ordering::Relaxed), 0, "nothing was read");
+
+        let unseen = delete_in(&Fake::default(), Mode::Defer, true).await;
+        assert_eq!((unseen.reason, unseen.pods.len()), (Reason::Deferred, 0));
+        assert_eq!(
+            unseen.message,
+            "configmap settings will be deleted once no pod of namespace app uses it"
+        );
+    }
+
+    #[tokio::test]
+    async fn in_defer_a_used_object_not_yet_held_is_refused_and_told_to_retry() {
+        let lookup = Fake::default().using(pod("web", &[]));
+        let verdict = delete_in(&lookup, Mode::Defer, false).await;
+        assert_eq!(verdict.reason, Reason::InUse);
+        assert!(
+            verdict
+                .message
+                .contains("not yet held for a deferred delete: try again"),
+            "{}",
+            verdict.message
+        );
+        let unused = delete_in(&Fake::default(), Mode::Defer, false).await;
+        assert_eq!(unused.reason, Reason::Unused, "nothing to hold: it goes at once");
+    }
+
+    #[tokio::test]
+    async fn in_refuse_the_finalizer_changes_nothing() {
+        let lookup = Fake::default().using(pod("web", &[]));
+        assert_eq!(delete_in(&lookup, Mode::Refuse, true).await.reason, Reason::InUse);
+        assert!(
+            !delete_in(&lookup, Mode::Refuse, true)
+                .await
+                .message
+                .contains("try again")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_held_object_is_released_on_the_proof_that_allows_a_delete() {
+        let held = ObjectMeta {
+            finalizers: Some(vec![FINALIZER.to_owned()]),
+            ..ObjectMeta::default()
+        };
+        let object = ObjectDelete {
+            kind: Kind::Secret,
+            namespace: "app",
+            name: "token",
+            object: Some(&held),
+            exempt: true,
+            mode: Mode::Defer,
+        };
+        let used = Fake::default().using(pod("web", &[]));
+        assert_eq!(
+            may_release(&object, &used).await.reason,
+            Reason::InUse,
+            "never deferred, never exempt"
+        );
+        assert_eq!(may_release(&object, &Fake::default()).await.reason, Reason::Unused);
+        let watched_only = Fake {
+            cached: vec![pod("seen", &[])],
+            ..Fake::default()
+        };
+        assert_eq!(
+            may_release(&object, &watched_only).await.reason,
+            Reason::InUse,
+            "a pod the watch shows keeps it"
+        );
+        let forced = ObjectMeta {
+            annotations: Some([(FORCE_ANNOTATION.to_owned(), "INC-1".to_owned())].into()),
+            ..held.clone()
+        };
+        let forced = ObjectDelete {
+            object: Some(&forced),
+            ..object
+        };
+        assert_eq!(may_release(&forced, &used).await.reason, Reason::Forced);
+    }
+
+    #[test]
+    fn an_object_is_opted_in_by_its_label_else_by_its_namespace() {
+        let labels = |value: &str| BTreeMap::from([(OPT_IN_LABEL.to_owned(), value.to_owned())]);
+        let (enabled, defer, refuse, other) = (labels("enabled"), labels("defer"), labels("refuse"), labels("yes"));
+        assert_eq!(opted_in(None, Some(&enabled), Mode::Defer), Some(Mode::Defer));
+        assert_eq!(opted_in(None, Some(&enabled), Mode::Refuse), Some(Mode::Refuse));
+        assert_eq!(opted_in(Some(&refuse), Some(&defer), Mode::Defer), Some(Mode::Refuse));
+        assert_eq!(opted_in(Some(&defer), None, Mode::Refuse), Some(Mode::Defer));
+        assert_eq!(opted_in(Some(&other), Some(&refuse), Mode::Defer), Some(Mode::Refuse));
+        assert_eq!(opted_in(Some(&other), None, Mode::Defer), None);
+        assert_eq!(opted_in(None, None, Mode::Defer), None);
+        for value in OPT_IN_VALUES {
+            assert!(Mode::from_label(value, Mode::Defer).is_some(), "{value}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! in for the LIST of every pod's spec once it has caught up with a revision read by
 //! quorum after the request.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
@@ -18,7 +18,10 @@ use kube::{
     },
 };
 
-use super::{Dependent, InUseLookup, WORKLOAD_KINDS, index::UserIndex};
+use super::{
+    Dependent, InUseLookup, WORKLOAD_KINDS,
+    index::{ObjectKey, UserIndex},
+};
 use crate::{
     Error, Result,
     metrics::Metrics,
@@ -84,6 +87,16 @@ impl KubeInUse {
         (lookup, async move {
             futures::future::join_all(runs).await;
         })
+    }
+
+    /// The objects whose users may have changed from now on, as every index tells them
+    /// ([`UserIndex::subscribe`]).
+    pub fn subscribe(&self) -> tokio::sync::mpsc::UnboundedReceiver<ObjectKey> {
+        let (sender, changes) = tokio::sync::mpsc::unbounded_channel();
+        for index in self.indexes.iter() {
+            index.subscribe(sender.clone());
+        }
+        changes
     }
 
     fn index(&self, namespace: &str) -> Option<&Arc<UserIndex>> {
@@ -187,6 +200,10 @@ impl InUseLookup for KubeInUse {
         self.index(namespace)
             .map(|index| index.users(namespace, kind, name))
             .unwrap_or_default()
+    }
+
+    fn namespace_labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        self.namespaces.labels(namespace)
     }
 }
 

@@ -103,6 +103,8 @@ pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
         policy,
         lease: None,
         in_use_protection: false,
+        // Today's handler tests refuse; the deferred deletes' own say `defer`.
+        in_use_mode: cds_secret_guard::in_use::Mode::Refuse,
     }
 }
 

@@ -282,7 +282,10 @@ pub fn in_use_guard_options() -> GuardOptions {
     );
     GuardOptions {
         kubeconfig: service_account_kubeconfig("cds-secret-guard", "cds-secret-guard-in-use"),
-        env: vec![("CDS_GUARD_IN_USE_PROTECTION".to_owned(), "true".to_owned())],
+        env: vec![
+            ("CDS_GUARD_IN_USE_PROTECTION".to_owned(), "true".to_owned()),
+            ("CDS_GUARD_IN_USE_MODE".to_owned(), "refuse".to_owned()),
+        ],
         register: Some(vec!["--in-use-protection".to_owned()]),
     }
 }

@@ -1,0 +1,592 @@
+//! Deferred deletes ([`Mode::Defer`]): the guard's [`FINALIZER`] on every opted-in object a
+//! pod uses, so that a delete is accepted and the object stays, terminating, until no pod
+//! uses it. Kubernetes protects a PersistentVolumeClaim in use the same way
+//! (pvc-protection): a finalizer, and a controller that removes it once no pod needs the
+//! claim.
+//!
+//! The [`Holder`] is that controller, one `kube::runtime::Controller` per kind and scope,
+//! on the Lease holder. Each watches its objects' metadata (labels, finalizers, deletion;
+//! never data, never other annotations), and is told by the pod index
+//! ([`UserIndex::subscribe`]) which objects' users changed, and by a namespace watch which
+//! namespaces' labels did. For each object it does what [`plan`] says:
+//!
+//! - **hold**: an object opted in to `defer`, not being deleted, that a pod the index
+//!   shows running needs gets the finalizer (once per object, not per pod). Adding it is
+//!   always safe, so the index's word is enough;
+//! - **release when unused**: an object held and being deleted loses the finalizer once
+//!   [`may_release`] proves that no pod that stays uses it: the quorum proof that allows a
+//!   delete in [`Mode::Refuse`], made after the delete. A pod created meanwhile counts:
+//!   nothing refuses it, and it would not start without the object;
+//! - **release**: an object held that is no longer opted in (label removed from it or its
+//!   namespace), or that is opted in to `refuse` and not being deleted. A release of an
+//!   object being deleted is confirmed by quorum reads first; a release of one that is not
+//!   carries its resourceVersion, so that a delete in between (deferred, since it saw the
+//!   finalizer) makes the write fail, and the object is looked at again.
+//!
+//! Until the finalizer is on, the webhook refuses the delete of a used object, as in
+//! `refuse`: no window opens. Nothing here keeps an object for good: a namespace being
+//! deleted releases its objects ([`may_release`]), the force annotation releases at once,
+//! and [`release_all`] (`cds-secret-guard release-finalizers`, the chart's uninstall hook)
+//! removes the finalizer everywhere.
+
+use std::{
+    collections::HashMap,
+    fmt::Debug,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt, channel::mpsc, future::join_all};
+use k8s_openapi::{
+    NamespaceResourceScope,
+    api::core::v1::{ConfigMap, Namespace, Secret},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client, Resource,
+    api::{ListParams, Patch, PatchParams},
+    core::PartialObjectMeta,
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::Action,
+        reflector::{self, ObjectRef, Store},
+        watcher::{self, watcher},
+    },
+};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    FINALIZER, FORCE_ANNOTATION, InUseLookup, KubeInUse, Mode, ObjectDelete, ROOT_CA, is_held, may_release, opted_in,
+};
+use crate::{Error, Result, lease::Leadership, metrics::Metrics, namespaces::NamespaceCache, references::Kind};
+
+/// Objects reconciled at once, per controller.
+const CONCURRENCY: u16 = 8;
+/// How often an object held for a deferred delete is looked at again when nothing said
+/// that its users changed (an owner up a pod's chain may have).
+const RECHECK: Duration = Duration::from_secs(30);
+/// Retry delays after a failure.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LAST_RETRY: Duration = Duration::from_secs(300);
+
+/// What the guard does with one object's finalizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing: it is as it should be.
+    Keep,
+    /// Add it: a pod uses the object, opted in to `defer`.
+    Hold,
+    /// Remove it once no pod that stays uses the object, which is being deleted.
+    ReleaseWhenUnused,
+    /// Remove it: the object is no longer opted in, or, not being deleted, is opted in to
+    /// `refuse`.
+    Release,
+}
+
+/// What an object's finalizer needs: `held`, whether it carries it; `deleting`, whether it
+/// is being deleted; `mode`, what it is opted in to ([`opted_in`]); `used`, whether a pod
+/// that runs needs it, as the index shows.
+pub fn plan(held: bool, deleting: bool, mode: Option<Mode>, used: bool) -> Step {
+    match (held, deleting, mode) {
+        (false, false, Some(Mode::Defer)) if used => Step::Hold,
+        (false, _, _) | (true, false, Some(Mode::Defer)) => Step::Keep,
+        // A deferred delete keeps its promise whatever the mode has become since.
+        (true, true, Some(_)) => Step::ReleaseWhenUnused,
+        (true, _, None) | (true, false, Some(Mode::Refuse)) => Step::Release,
+    }
+}
+
+/// Secret or ConfigMap, as the holder watches and patches them.
+pub trait Protected:
+    k8s_openapi::Metadata<Ty = ObjectMeta>
+    + Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + Debug
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The kind the rules name it by.
+    const RULES_KIND: Kind;
+}
+
+impl Protected for Secret {
+    const RULES_KIND: Kind = Kind::Secret;
+}
+
+impl Protected for ConfigMap {
+    const RULES_KIND: Kind = Kind::ConfigMap;
+}
+
+/// The controller that holds opted-in objects for deferred deletes and releases them.
+pub struct Holder {
+    client: Client,
+    lookup: KubeInUse,
+    namespaces: NamespaceCache,
+    /// What `enabled` asks for.
+    default_mode: Mode,
+    /// The namespaces watched; all when empty.
+    scope: Vec<String>,
+    metrics: Arc<Metrics>,
+    retries: Mutex<HashMap<(Kind, String, String), u32>>,
+}
+
+/// What a term's reconciles share.
+struct Context<K: Protected> {
+    holder: Arc<Holder>,
+    objects: Store<PartialObjectMeta<K>>,
+}
+
+// === impl Holder ===
+
+impl Holder {
+    /// A holder writing through `client`, reading the users through `lookup` (the pod
+    /// index, quorum reads) and the namespaces' labels through `namespaces`.
+    pub fn new(
+        client: Client,
+        lookup: KubeInUse,
+        namespaces: NamespaceCache,
+        default_mode: Mode,
+        scope: Vec<String>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            lookup,
+            namespaces,
+            default_mode,
+            scope,
+            metrics,
+            retries: Mutex::default(),
+        })
+    }
+
+    /// Holds and releases while `leadership` says so, until `shutdown`.
+    pub async fn run(self: Arc<Self>, mut leadership: Leadership, shutdown: CancellationToken) {
+        while leadership.gained().await && !shutdown.is_cancelled() {
+            let ended = shutdown.child_token();
+            let lost = tokio::spawn({
+                let (ended, mut leadership) = (ended.clone(), leadership.clone());
+                async move {
+                    tokio::select! {
+                        () = leadership.lost() => ended.cancel(),
+                        () = ended.cancelled() => {}
+                    }
+                }
+            });
+            tracing::debug!("in-use finalizer term begins");
+            self.clone().hold_until(ended.clone()).await;
+            tracing::debug!("in-use finalizer term ends");
+            ended.cancel();
+            let _ = lost.await;
+        }
+    }
+
+    /// One term: a controller per kind and scope, each told of its objects' users by the
+    /// pod index, until `ended`.
+    async fn hold_until(self: Arc<Self>, ended: CancellationToken) {
+        let scopes: Vec<Option<String>> = if self.scope.is_empty() {
+            vec![None]
+        } else {
+            self.scope.iter().cloned().map(Some).collect()
+        };
+        let mut routes = HashMap::new();
+        let mut controllers = Vec::new();
+        for scope in scopes {
+            let (secrets, secret_changes) = mpsc::unbounded();
+            let (config_maps, config_map_changes) = mpsc::unbounded();
+            routes.insert((scope.clone(), Kind::Secret), secrets);
+            routes.insert((scope.clone(), Kind::ConfigMap), config_maps);
+            controllers.push(
+                self.clone()
+                    .control::<Secret>(scope.clone(), secret_changes, ended.clone())
+                    .boxed(),
+            );
+            controllers.push(
+                self.clone()
+                    .control::<ConfigMap>(scope, config_map_changes, ended.clone())
+                    .boxed(),
+            );
+        }
+        let mut changes = self.lookup.subscribe();
+        let route = async {
+            loop {
+                let change = tokio::select! {
+                    change = changes.recv() => change,
+                    () = ended.cancelled() => None,
+                };
+                let Some((namespace, kind, name)) = change else { return };
+                let in_scope = if self.scope.is_empty() {
+                    None
+                } else {
+                    Some(namespace.clone())
+                };
+                if let Some(route) = routes.get(&(in_scope, kind)) {
+                    let _ = route.unbounded_send((namespace, name));
+                }
+            }
+        };
+        futures::future::join(join_all(controllers), route).await;
+    }
+
+    /// The controller of the `K`s of `scope`: the objects' metadata watched, each
+    /// reconciled when it changes, when its users change (`changes`), when its namespace
+    /// does, and [`RECHECK`] after a deferred delete that has to wait.
+    async fn control<K: Protected>(
+        self: Arc<Self>,
+        scope: Option<String>,
+        changes: mpsc::UnboundedReceiver<(String, String)>,
+        ended: CancellationToken,
+    ) {
+        let api: Api<PartialObjectMeta<K>> = match &scope {
+            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+            None => Api::all(self.client.clone()),
+        };
+        let (objects, writer) = reflector::store();
+        let events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            // The metadata the rules read: annotations may hold a copy of the data
+            // (kubectl's last-applied-configuration), only the force annotation is kept.
+            .modify(|object| {
+                object.metadata.managed_fields = None;
+                if let Some(annotations) = object.metadata.annotations.as_mut() {
+                    annotations.retain(|key, _| key == FORCE_ANNOTATION);
+                }
+            })
+            .reflect(writer)
+            .applied_objects();
+        let namespaces = {
+            let all: Api<PartialObjectMeta<Namespace>> = Api::all(self.client.clone());
+            let config = match &scope {
+                Some(namespace) => watcher::Config::default().fields(&format!("metadata.name={namespace}")),
+                None => watcher::Config::default(),
+            };
+            watcher(all, config).default_backoff().applied_objects()
+        };
+        let users_changed = changes.map(|(namespace, name)| ObjectRef::new(&name).within(&namespace));
+        let context = Arc::new(Context {
+            holder: self,
+            objects: objects.clone(),
+        });
+        let in_namespace = objects.clone();
+        Controller::for_stream(events, objects)
+            .watches_stream(namespaces, move |namespace| {
+                // Its labels may have opted its objects in or out.
+                let name = namespace.metadata.name.clone().unwrap_or_default();
+                in_namespace
+                    .state()
+                    .into_iter()
+                    .filter(|object| object.metadata.namespace.as_deref() == Some(name.as_str()))
+                    .map(|object| ObjectRef::from_obj(&*object))
+                    .collect::<Vec<_>>()
+            })
+            .reconcile_on(users_changed)
+            .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
+            .graceful_shutdown_on(ended.cancelled_owned())
+            .run(reconcile::<K>, error_policy::<K>, context)
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "in-use finalizer reconcile not run");
+                }
+            })
+            .await;
+    }
+
+    /// What the object is opted in to: its label's mode, else its namespace's, as the
+    /// watches show them.
+    fn mode_of(&self, object: &ObjectMeta) -> Option<Mode> {
+        let namespace = object.namespace.as_deref().unwrap_or_default();
+        let namespace_labels = self.namespaces.labels(namespace);
+        opted_in(object.labels.as_ref(), namespace_labels.as_ref(), self.default_mode)
+    }
+
+    /// Whether a pod that runs needs the object, as the index shows it now.
+    fn used(&self, kind: Kind, namespace: &str, name: &str) -> bool {
+        if kind == Kind::ConfigMap && name == ROOT_CA {
+            return false;
+        }
+        self.lookup
+            .cached_users(namespace, kind, name)
+            .iter()
+            .any(|pod| !pod.terminal && !pod.deleting)
+    }
+
+    fn next_retry(&self, key: (Kind, String, String)) -> Duration {
+        let mut retries = self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if retries.len() > 1024 {
+            retries.clear();
+        }
+        let attempt = retries.entry(key).or_default();
+        *attempt = attempt.saturating_add(1);
+        (FIRST_RETRY * 2u32.saturating_pow(*attempt - 1)).min(LAST_RETRY)
+    }
+
+    fn forget(&self, key: &(Kind, String, String)) {
+        self.retries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(key);
+    }
+}
+
+/// One object: [`plan`], then the write it calls for.
+async fn reconcile<K: Protected>(object: Arc<PartialObjectMeta<K>>, context: Arc<Context<K>>) -> Result<Action> {
+    let holder = &context.holder;
+    let meta = &object.metadata;
+    let (Some(namespace), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else {
+        return Ok(Action::await_change());
+    };
+    let key = (K::RULES_KIND, namespace.to_owned(), name.to_owned());
+    let objects: Api<PartialObjectMeta<K>> = Api::namespaced(holder.client.clone(), namespace);
+    let held = is_held(meta);
+    let deleting = meta.deletion_timestamp.is_some();
+    let used = !held && !deleting && holder.used(K::RULES_KIND, namespace, name);
+    let action = match plan(held, deleting, holder.mode_of(meta), used) {
+        Step::Keep => Action::await_change(),
+        Step::Hold => {
+            hold(&objects, meta).await?;
+            holder.metrics.in_use_finalizer("add");
+            tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, "held for deferred deletes: a pod uses it");
+            Action::await_change()
+        }
+        Step::Release if !deleting => {
+            // Conditional on the version read: a delete in between was deferred on the
+            // finalizer's word, and the object must be looked at again.
+            if release(&objects, meta, true).await? {
+                holder.metrics.in_use_finalizer("remove");
+                tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, "released: no longer opted in to deferred deletes");
+            }
+            Action::await_change()
+        }
+        Step::Release => release_opted_out(holder, &objects, meta).await?,
+        Step::ReleaseWhenUnused => release_when_unused(holder, &objects, meta).await?,
+    };
+    holder.forget(&key);
+    Ok(action)
+}
+
+/// An object held and being deleted: released once [`may_release`] proves that no pod
+/// that stays uses it, else looked at again in [`RECHECK`] (or when its users change).
+async fn release_when_unused<K: Protected>(
+    holder: &Holder,
+    objects: &Api<PartialObjectMeta<K>>,
+    meta: &ObjectMeta,
+) -> Result<Action> {
+    let (namespace, name) = (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    let delete = ObjectDelete {
+        kind: K::RULES_KIND,
+        namespace,
+        name,
+        object: Some(meta),
+        exempt: false,
+        mode: Mode::Refuse,
+    };
+    let verdict = may_release(&delete, &holder.lookup).await;
+    if verdict.reason == super::Reason::LookupFailed {
+        return Err(Error::Conflict(verdict.message));
+    }
+    if !verdict.allowed {
+        tracing::debug!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, pods = %verdict.pods.join(","), "deferred delete waits for its pods");
+        return Ok(Action::requeue(RECHECK));
+    }
+    if release(objects, meta, false).await? {
+        holder.metrics.in_use_finalizer("remove");
+        tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, reason = verdict.reason.code(), detail = %verdict.message, "deferred delete completes");
+    }
+    Ok(Action::await_change())
+}
+
+/// An object being deleted whose watches show it opted out: read again with its
+/// namespace by quorum, and released if they agree; else it waits for its pods.
+async fn release_opted_out<K: Protected>(
+    holder: &Holder,
+    objects: &Api<PartialObjectMeta<K>>,
+    meta: &ObjectMeta,
+) -> Result<Action> {
+    let (namespace, name) = (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    let Some(current) = objects.get_metadata_opt(name).await? else {
+        return Ok(Action::await_change());
+    };
+    let current = current.metadata;
+    let namespaces: Api<Namespace> = Api::all(holder.client.clone());
+    let namespace_labels = namespaces
+        .get_metadata_opt(namespace)
+        .await?
+        .and_then(|found| found.metadata.labels);
+    // The watch is behind: its next event brings the object again.
+    if !is_held(&current) || current.deletion_timestamp.is_none() {
+        return Ok(Action::await_change());
+    }
+    if opted_in(current.labels.as_ref(), namespace_labels.as_ref(), holder.default_mode).is_some() {
+        return release_when_unused(holder, objects, &current).await;
+    }
+    if release(objects, &current, false).await? {
+        holder.metrics.in_use_finalizer("remove");
+        tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, "deferred delete completes: no longer opted in");
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy<K: Protected>(object: Arc<PartialObjectMeta<K>>, error: &Error, context: Arc<Context<K>>) -> Action {
+    let holder = &context.holder;
+    holder.metrics.in_use_finalizer_error();
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let delay = holder.next_retry((K::RULES_KIND, namespace.clone(), name.clone()));
+    // A deleted object is not reconciled again: forget it here.
+    if context.objects.get(&ObjectRef::from_obj(&*object)).is_none() {
+        holder.forget(&(K::RULES_KIND, namespace.clone(), name.clone()));
+        return Action::await_change();
+    }
+    tracing::warn!(%error, %namespace, kind = K::RULES_KIND.as_str(), object = %name, ?delay, "cannot hold or release for deferred deletes, retrying");
+    Action::requeue(delay)
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(crate::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+/// Adds the finalizer to the object of this uid (a strategic merge: the other
+/// finalizers stay).
+async fn hold<K: Protected>(objects: &Api<PartialObjectMeta<K>>, object: &ObjectMeta) -> Result<()> {
+    let name = object.name.as_deref().unwrap_or_default();
+    let patch = json!({"metadata": {"uid": object.uid, "finalizers": [FINALIZER]}});
+    match objects
+        .patch_metadata(name, &patch_params(), &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone, or deleted meanwhile (no finalizer can be added then): its next event says.
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Removes the finalizer from the object of this uid, at the version read when
+/// `conditional`; whether it was there to remove.
+async fn release<K: Protected>(
+    objects: &Api<PartialObjectMeta<K>>,
+    object: &ObjectMeta,
+    conditional: bool,
+) -> Result<bool> {
+    let name = object.name.as_deref().unwrap_or_default();
+    let mut metadata = json!({"uid": object.uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER]});
+    if conditional {
+        metadata["resourceVersion"] = json!(object.resource_version);
+    }
+    let patch = json!({ "metadata": metadata });
+    match objects
+        .patch_metadata(name, &patch_params(), &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::Conflict(format!(
+            "{} {name} changed while its finalizer was being removed",
+            K::RULES_KIND.as_str()
+        ))),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// What [`release_all`] did.
+#[derive(Debug, Default)]
+pub struct Released {
+    /// The objects the finalizer was removed from, as `namespace/kind/name`.
+    pub objects: Vec<String>,
+}
+
+/// Removes the guard's finalizer from every Secret and ConfigMap of `scope` (all
+/// namespaces when empty): the chart's uninstall hook, and the way out by hand. Objects
+/// being deleted then go at once, whatever uses them.
+pub async fn release_all(client: &Client, scope: &[String]) -> Result<Released> {
+    let mut released = Released::default();
+    let scopes: Vec<Option<&str>> = if scope.is_empty() {
+        vec![None]
+    } else {
+        scope.iter().map(|namespace| Some(namespace.as_str())).collect()
+    };
+    for namespace in scopes {
+        release_all_of::<Secret>(client, namespace, &mut released).await?;
+        release_all_of::<ConfigMap>(client, namespace, &mut released).await?;
+    }
+    Ok(released)
+}
+
+async fn release_all_of<K: Protected>(client: &Client, scope: Option<&str>, released: &mut Released) -> Result<()> {
+    let api: Api<PartialObjectMeta<K>> = match scope {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list_metadata(&params).await?;
+        for object in page.items.iter().filter(|object| is_held(&object.metadata)) {
+            let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
+            let name = object.metadata.name.as_deref().unwrap_or_default();
+            let objects: Api<PartialObjectMeta<K>> = Api::namespaced(client.clone(), namespace);
+            if release(&objects, &object.metadata, false).await? {
+                released
+                    .objects
+                    .push(format!("{namespace}/{}/{name}", K::RULES_KIND.as_str()));
+            }
+        }
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params.continue_token = Some(token),
+            None => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_used_object_opted_in_to_defer_is_held_and_nothing_else() {
+        assert_eq!(plan(false, false, Some(Mode::Defer), true), Step::Hold);
+        for (deleting, mode, used) in [
+            (false, Some(Mode::Defer), false),
+            (false, Some(Mode::Refuse), true),
+            (false, None, true),
+            // No finalizer can be added to an object being deleted; and without it, the
+            // webhook refused the delete of a used object: this one was unused.
+            (true, Some(Mode::Defer), true),
+        ] {
+            assert_eq!(
+                plan(false, deleting, mode, used),
+                Step::Keep,
+                "{deleting} {mode:?} {used}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_held_object_being_deleted_waits_for_its_pods_unless_opted_out() {
+        for mode in [Mode::Defer, Mode::Refuse] {
+            for used in [false, true] {
+                assert_eq!(plan(true, true, Some(mode), used), Step::ReleaseWhenUnused);
+            }
+        }
+        assert_eq!(plan(true, true, None, true), Step::Release);
+    }
+
+    #[test]
+    fn a_held_object_not_being_deleted_keeps_it_while_in_defer() {
+        assert_eq!(plan(true, false, Some(Mode::Defer), false), Step::Keep);
+        assert_eq!(plan(true, false, Some(Mode::Refuse), true), Step::Release);
+        assert_eq!(plan(true, false, None, true), Step::Release);
+    }
+}
