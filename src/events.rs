@@ -116,6 +116,30 @@ impl Events {
         });
     }
 
+    /// `object`, being deleted, is used by `pods` created after its delete: it stays while
+    /// they run, and goes once none does.
+    pub fn used_after_delete(&self, object: DeletedRef<'_>, pods: &[String]) {
+        if self.queue.is_none() {
+            return;
+        }
+        let what = format!("{} {}", object.kind.to_lowercase(), object.name);
+        let message = format!(
+            "{what} is being deleted, yet pod {} created since uses it: it stays while such pods run and \
+             goes once none does (a scale to 0, a Recreate rollout); to keep it, create it again under another name",
+            pods.join(", ")
+        );
+        self.send(Note {
+            object: ObjectReference {
+                kind: Some(object.kind.to_owned()),
+                ..secret_reference(object.namespace, object.name, object.uid)
+            },
+            reason: "UsedAfterDelete",
+            action: "WaitForPods".to_owned(),
+            message,
+            related: None,
+        });
+    }
+
     /// `secret` got an ownerReference to `pod`.
     pub fn adopted(&self, secret: ObjectReference, pod: ObjectReference) {
         let message = format!(
@@ -182,7 +206,7 @@ async fn publish(recorder: Recorder, mut notes: mpsc::Receiver<Note>) {
         }
         published.insert(key, now);
         let event = Event {
-            type_: if note.reason == "DeleteDenied" {
+            type_: if matches!(note.reason, "DeleteDenied" | "UsedAfterDelete") {
                 EventType::Warning
             } else {
                 EventType::Normal

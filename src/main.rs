@@ -56,11 +56,11 @@ async fn main() -> anyhow::Result<ExitCode> {
             for object in &released.objects {
                 println!("released {object}");
             }
-            println!(
-                "removed {} from {} objects",
-                cds_secret_guard::in_use::FINALIZER,
-                released.objects.len()
-            );
+            let count = match released.objects.len() {
+                1 => "1 object".to_owned(),
+                n => format!("{n} objects"),
+            };
+            println!("{count} released from {}", cds_secret_guard::in_use::FINALIZER);
         }
         Command::Check(args) => {
             let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())

@@ -129,6 +129,7 @@ impl Server {
                         config.in_use_mode,
                         config.policy.namespaces.clone(),
                         metrics.clone(),
+                        events.clone(),
                     );
                     (in_use, Some(holder))
                 } else {

@@ -776,6 +776,7 @@ fn every_value_set_renders_what_it_says() {
                 assert_eq!(env_value(&env, "CDS_GUARD_LISTEN"), Some("0.0.0.0:8443"));
                 assert_eq!(env_value(&env, "CDS_GUARD_PROBE_LISTEN"), Some("0.0.0.0:8080"));
                 assert!(of_kind(&objects, "NetworkPolicy").is_empty());
+                assert!(of_kind(&objects, "Job").is_empty(), "nothing to release");
             }
             "host network" => {
                 let pod = &deployment["spec"]["template"]["spec"];
@@ -986,6 +987,24 @@ fn every_value_set_renders_what_it_says() {
                     json!(["get", "list", "watch", "patch"]),
                     "{name}: the finalizer of deferred deletes"
                 );
+                // Once the guard is gone, a Job removes its finalizer, with rights of its
+                // own: finding and patching Secrets and ConfigMaps, nothing else.
+                let release = "guard-cds-secret-guard-release";
+                let job = find(&objects, "Job", release);
+                assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "post-delete");
+                let pod = &job["spec"]["template"]["spec"];
+                assert_eq!(pod["serviceAccountName"], release);
+                assert_eq!(pod["containers"][0]["args"], json!(["release-finalizers"]));
+                let rules =
+                    json!([{"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["list", "patch"]}]);
+                let hook_role = of_kind(&objects, kind)
+                    .into_iter()
+                    .find(|role| role["metadata"]["name"] == release)
+                    .unwrap_or_else(|| panic!("{name}: no {kind} {release}"));
+                assert_eq!(hook_role["metadata"]["namespace"].as_str(), namespace);
+                assert_eq!(hook_role["rules"], rules);
+                let scoped = pod["containers"][0]["env"][0]["value"].as_str();
+                assert_eq!(scoped, namespace, "{name}: the Job releases where the guard held");
             }
             other => unreachable!("{other}"),
         }

@@ -19,6 +19,15 @@
 //! that used the ConfigMap when its delete was allowed still runs. A delete never strands
 //! a pod; it may come before the garbage collector has acted (`helm uninstall`), which the
 //! model shows reachable. Deliberately broken lookups must fail the property.
+//!
+//! In `defer`, the guard's finalizer is modelled too: the guard holds the ConfigMap once
+//! its index shows a pod that runs using it; a delete of the held ConfigMap is deferred
+//! (it becomes terminating, and pods may still be created against it); the guard removes
+//! the finalizer when the real `in_use::may_release` allows it, over the same reads. The
+//! properties: the finalizer is never removed while a pod that needs the ConfigMap exists,
+//! no delete strands a pod, and nothing stays held once no pod is left. The broken
+//! variants: removing on the index alone, and a webhook that defers a delete before the
+//! finalizer is on.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::{
@@ -31,10 +40,13 @@ use cds_secret_guard::{
     in_use::{self, Dependent, InUseLookup, ObjectDelete, UserIndex},
     references::Kind,
 };
-use k8s_openapi::{api::core::v1::Pod as KubePod, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use k8s_openapi::{
+    api::core::v1::Pod as KubePod,
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
+};
 use kube::runtime::watcher::Event;
 use serde_json::json;
-use stateright::{Checker, Model, Property};
+use stateright::{Checker, HasDiscoveries, Model, Property};
 
 const DEPLOYMENT: u8 = 1;
 const REPLICA_SET: u8 = 2;
@@ -88,6 +100,16 @@ struct State {
     delivered: usize,
     /// A delete was decided from the index caught up with the revision, without the LIST.
     from_index: bool,
+    /// The ConfigMap carries the guard's finalizer (`defer`).
+    held: bool,
+    /// The ConfigMap is being deleted, held by the finalizer.
+    terminating: bool,
+    /// A delete was deferred.
+    deferred: bool,
+    /// The finalizer was removed, and the ConfigMap deleted.
+    released: bool,
+    /// The finalizer was removed while a pod that needs the ConfigMap existed.
+    released_while_used: bool,
 }
 
 /// A pod as a write left it (`removed`: the write deleted it), at a revision.
@@ -109,6 +131,11 @@ enum Action {
     DeleteConfigMap,
     /// The guard's pod watch delivers the next change.
     WatchDelivers,
+    /// `defer`: the guard adds its finalizer, its index showing a pod that runs using it.
+    GuardHolds,
+    /// `defer`: the guard removes its finalizer from the ConfigMap being deleted, if
+    /// `in_use::may_release` allows it.
+    GuardReleases,
 }
 
 /// The garbage collector's steps.
@@ -143,8 +170,22 @@ enum Reads {
     IndexAlone,
 }
 
+/// How the guard answers a delete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Webhook {
+    /// `refuse`: the rules, and a delete allowed is done at once.
+    Refuse,
+    /// `defer`, as the server does: a held ConfigMap's delete is deferred, the others are
+    /// decided as in `refuse`.
+    Defer,
+    /// Broken: `defer` taking the ConfigMap as held before the finalizer is on, counting on
+    /// the guard to add it after allowing.
+    DeferBeforeHeld,
+}
+
 struct InUseModel {
     reads: Reads,
+    webhook: Webhook,
 }
 
 impl Model for InUseModel {
@@ -182,6 +223,11 @@ impl Model for InUseModel {
             }],
             delivered: 0,
             from_index: false,
+            held: false,
+            terminating: false,
+            deferred: false,
+            released: false,
+            released_while_used: false,
         }]
     }
 
@@ -210,11 +256,19 @@ impl Model for InUseModel {
         for pod in state.pods.iter().filter(|pod| pod.deleting) {
             actions.push(Action::KubeletRemoves(pod.uid));
         }
-        if state.config_map {
+        if state.config_map && !state.terminating {
             actions.push(Action::DeleteConfigMap);
         }
         if state.delivered < state.log.len() {
             actions.push(Action::WatchDelivers);
+        }
+        if self.webhook != Webhook::Refuse && state.config_map {
+            if !state.held && !state.terminating && Store::new(state, self.reads).runs_a_user() {
+                actions.push(Action::GuardHolds);
+            }
+            if state.held && state.terminating {
+                actions.push(Action::GuardReleases);
+            }
         }
     }
 
@@ -261,9 +315,24 @@ impl Model for InUseModel {
             Property::always(NO_STRANDED_POD, |_, state: &State| {
                 !settled(state) || !state.pods.iter().any(|pod| state.users_at_delete.contains(&pod.uid))
             }),
-            Property::sometimes(ALLOWED_BEFORE_GC, |_, state: &State| state.allowed_before_gc),
             Property::sometimes(DENIED, |_, state: &State| state.denied),
         ];
+        if self.webhook == Webhook::Refuse {
+            properties.push(Property::sometimes(ALLOWED_BEFORE_GC, |_, state: &State| {
+                state.allowed_before_gc
+            }));
+        } else {
+            properties.extend([
+                Property::always(NOT_RELEASED_WHILE_USED, |_, state: &State| !state.released_while_used),
+                Property::always(NOTHING_HELD_FOR_NOTHING, |model: &InUseModel, state: &State| {
+                    // Its watch delivered (the index then tells the guard to look again).
+                    let quiet = settled(state) && state.delivered == state.log.len();
+                    !(quiet && state.terminating && state.pods.is_empty()) || model.release(state).is_some()
+                }),
+                Property::sometimes(DEFERRED, |_, state: &State| state.deferred),
+                Property::sometimes(RELEASED, |_, state: &State| state.released),
+            ]);
+        }
         if self.reads == Reads::Index {
             properties.push(Property::sometimes(FROM_INDEX, |_, state: &State| state.from_index));
         }
@@ -272,6 +341,26 @@ impl Model for InUseModel {
 }
 
 impl InUseModel {
+    /// Whether the guard removes its finalizer now, by the real `in_use::may_release`
+    /// over the reads at this moment: `Some(answered from the index)`, `None` if it waits.
+    fn release(&self, state: &State) -> Option<bool> {
+        let store = Store::new(state, self.reads);
+        let meta = ObjectMeta {
+            finalizers: Some(vec![in_use::FINALIZER.to_owned()]),
+            ..ObjectMeta::default()
+        };
+        let object = ObjectDelete {
+            kind: Kind::ConfigMap,
+            namespace: "app",
+            name: "settings",
+            object: Some(&meta),
+            exempt: false,
+            mode: in_use::Mode::Defer,
+        };
+        let verdict = futures::executor::block_on(in_use::may_release(&object, &store));
+        verdict.allowed.then(|| store.from_index.load(Ordering::Relaxed))
+    }
+
     /// The state after one write, `None` when it changes nothing worth exploring.
     fn write(&self, last: &State, action: Action) -> Option<State> {
         let mut state = last.clone();
@@ -305,15 +394,44 @@ impl InUseModel {
             Action::Gc(step) => gc(&mut state, step),
             Action::KubeletRemoves(uid) => state.pods.retain(|pod| pod.uid != uid),
             Action::WatchDelivers => unreachable!("not a write"),
+            Action::GuardHolds => state.held = true,
+            Action::GuardReleases => {
+                let released = self.release(last)?;
+                state.from_index |= released;
+                state.config_map = false;
+                state.held = false;
+                state.terminating = false;
+                state.released = true;
+                state.released_while_used = !last.pods.is_empty();
+                state.users_at_delete = last
+                    .pods
+                    .iter()
+                    .filter(|pod| !pod.deleting)
+                    .map(|pod| pod.uid)
+                    .collect();
+            }
             Action::DeleteConfigMap => {
                 let store = Store::new(last, self.reads);
+                // The ConfigMap as the webhook receives it: with the finalizer once held.
+                let held = match self.webhook {
+                    Webhook::Refuse | Webhook::Defer => last.held,
+                    Webhook::DeferBeforeHeld => true,
+                };
+                let meta = ObjectMeta {
+                    finalizers: held.then(|| vec![in_use::FINALIZER.to_owned()]),
+                    ..ObjectMeta::default()
+                };
+                let mode = match self.webhook {
+                    Webhook::Refuse => in_use::Mode::Refuse,
+                    Webhook::Defer | Webhook::DeferBeforeHeld => in_use::Mode::Defer,
+                };
                 let request = ObjectDelete {
                     kind: Kind::ConfigMap,
                     namespace: "app",
                     name: "settings",
-                    object: None,
+                    object: Some(&meta),
                     exempt: false,
-                    mode: in_use::Mode::Refuse,
+                    mode,
                 };
                 let verdict = futures::executor::block_on(in_use::decide(&request, &store));
                 state.from_index |= store.from_index.load(Ordering::Relaxed);
@@ -321,6 +439,12 @@ impl InUseModel {
                     // Once is enough to show it: a retry changes nothing.
                     state.denied = true;
                     return (!last.denied).then_some(state);
+                }
+                if last.held {
+                    // The apiserver marks it; the finalizer keeps it.
+                    state.terminating = true;
+                    state.deferred |= verdict.reason == in_use::Reason::Deferred;
+                    return Some(state);
                 }
                 state.config_map = false;
                 state.users_at_delete = last
@@ -342,6 +466,11 @@ impl InUseModel {
 }
 
 const NO_STRANDED_POD: &str = "no pod that used the ConfigMap runs on once it is deleted";
+const NOT_RELEASED_WHILE_USED: &str = "the finalizer is never removed while a pod needs the ConfigMap";
+const NOTHING_HELD_FOR_NOTHING: &str =
+    "once no pod is left and the watch has said so, a held ConfigMap being deleted is released";
+const DEFERRED: &str = "a delete is deferred";
+const RELEASED: &str = "a deferred delete completes";
 const ALLOWED_BEFORE_GC: &str = "the delete goes through before the garbage collector acts";
 const DENIED: &str = "a delete is denied";
 const FROM_INDEX: &str = "the index, caught up, answers in place of the LIST";
@@ -450,6 +579,15 @@ impl<'a> Store<'a> {
             index,
             from_index: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the index shows a pod that runs using the ConfigMap: what makes the guard
+    /// hold it.
+    fn runs_a_user(&self) -> bool {
+        self.index
+            .users("app", Kind::ConfigMap, "settings")
+            .iter()
+            .any(|pod| !pod.terminal && !pod.deleting)
     }
 
     /// The pod as the apiserver serves it: a volume of the ConfigMap, its owner, whether
@@ -573,7 +711,25 @@ impl InUseLookup for Store<'_> {
 }
 
 fn check(reads: Reads) -> impl Checker<InUseModel> {
-    InUseModel { reads }.checker().spawn_bfs().join()
+    check_with(reads, Webhook::Refuse)
+}
+
+fn check_with(reads: Reads, webhook: Webhook) -> impl Checker<InUseModel> {
+    InUseModel { reads, webhook }.checker().spawn_bfs().join()
+}
+
+/// The actions by which the broken `reads` or `webhook` break `property`, the search
+/// stopped at the first; fails if the model finds none.
+fn counterexample(reads: Reads, webhook: Webhook, property: &'static str) -> Vec<Action> {
+    let checker = InUseModel { reads, webhook }
+        .checker()
+        .finish_when(HasDiscoveries::AnyOf([property].into()))
+        .spawn_bfs()
+        .join();
+    let path = checker
+        .discovery(property)
+        .unwrap_or_else(|| panic!("the model catches {reads:?} with {webhook:?}"));
+    path.into_actions()
 }
 
 #[test]
@@ -602,11 +758,32 @@ fn the_pod_index_caught_up_with_the_revision_strands_no_pod() {
 
 /// The actions by which the broken `reads` strand a pod; fails if the model finds none.
 fn stranding(reads: Reads) -> Vec<Action> {
-    let checker = check(reads);
-    let path = checker
-        .discovery(NO_STRANDED_POD)
-        .unwrap_or_else(|| panic!("the model catches {reads:?}"));
-    path.into_actions()
+    counterexample(reads, Webhook::Refuse, NO_STRANDED_POD)
+}
+
+#[test]
+fn in_defer_the_finalizer_is_removed_only_once_no_pod_needs_it_and_always_then() {
+    // The server's reads: the index caught up with the revision, else the LIST.
+    let checker = check_with(Reads::Index, Webhook::Defer);
+    println!(
+        "in-use model, defer: {} states ({} unique), depth {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth()
+    );
+    checker.assert_properties();
+}
+
+#[test]
+fn in_defer_removing_the_finalizer_on_the_index_alone_releases_it_while_a_pod_needs_it() {
+    let path = counterexample(Reads::IndexAlone, Webhook::Defer, NOT_RELEASED_WHILE_USED);
+    println!("defer, index alone: {path:?}");
+}
+
+#[test]
+fn in_defer_a_delete_deferred_before_the_finalizer_is_on_strands_a_pod() {
+    let path = counterexample(Reads::Index, Webhook::DeferBeforeHeld, NO_STRANDED_POD);
+    println!("defer before held: {path:?}");
 }
 
 #[test]

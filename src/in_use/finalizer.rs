@@ -60,7 +60,14 @@ use tokio_util::sync::CancellationToken;
 use super::{
     FINALIZER, FORCE_ANNOTATION, InUseLookup, KubeInUse, Mode, ObjectDelete, ROOT_CA, is_held, may_release, opted_in,
 };
-use crate::{Error, Result, lease::Leadership, metrics::Metrics, namespaces::NamespaceCache, references::Kind};
+use crate::{
+    Error, Result,
+    events::{DeletedRef, Events},
+    lease::Leadership,
+    metrics::Metrics,
+    namespaces::NamespaceCache,
+    references::Kind,
+};
 
 /// Objects reconciled at once, per controller.
 const CONCURRENCY: u16 = 8;
@@ -131,6 +138,7 @@ pub struct Holder {
     /// The namespaces watched; all when empty.
     scope: Vec<String>,
     metrics: Arc<Metrics>,
+    events: Events,
     retries: Mutex<HashMap<(Kind, String, String), u32>>,
 }
 
@@ -152,6 +160,7 @@ impl Holder {
         default_mode: Mode,
         scope: Vec<String>,
         metrics: Arc<Metrics>,
+        events: Events,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
@@ -160,6 +169,7 @@ impl Holder {
             default_mode,
             scope,
             metrics,
+            events,
             retries: Mutex::default(),
         })
     }
@@ -286,11 +296,19 @@ impl Holder {
             .reconcile_on(users_changed)
             .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
             .graceful_shutdown_on(ended.cancelled_owned())
-            .run(reconcile::<K>, error_policy::<K>, context)
-            .for_each(|result| async move {
-                if let Err(error) = result {
-                    tracing::debug!(%error, "in-use finalizer reconcile not run");
+            .run(reconcile::<K>, error_policy::<K>, context.clone())
+            .for_each(|result| {
+                match result {
+                    // A watch that fails (its rights taken away, the apiserver gone) holds
+                    // and releases nothing until it is back: say so.
+                    Err(kube::runtime::controller::Error::QueueError(error)) => {
+                        context.holder.metrics.in_use_finalizer_error();
+                        tracing::warn!(%error, kind = K::RULES_KIND.as_str(), "cannot watch the objects to hold, retrying");
+                    }
+                    Err(error) => tracing::debug!(%error, "in-use finalizer reconcile not run"),
+                    Ok(_) => {}
                 }
+                std::future::ready(())
             })
             .await;
     }
@@ -312,6 +330,37 @@ impl Holder {
             .cached_users(namespace, kind, name)
             .iter()
             .any(|pod| !pod.terminal && !pod.deleting)
+    }
+
+    /// A Warning Event on `object`, being deleted, when pods created since its delete use
+    /// it (a `helm rollback` to the revision that used it, a ReplicaSet replacing a pod):
+    /// it will go once none runs, which they may not expect.
+    fn tell_of_pods_created_since(&self, kind: Kind, object: &ObjectMeta) {
+        let (Some(deleted), Some(namespace), Some(name)) = (
+            object.deletion_timestamp.as_ref(),
+            object.namespace.as_deref(),
+            object.name.as_deref(),
+        ) else {
+            return;
+        };
+        let mut since: Vec<String> = self
+            .lookup
+            .cached_users(namespace, kind, name)
+            .into_iter()
+            .filter(|pod| !pod.terminal && pod.created.is_some_and(|created| created > deleted.0))
+            .map(|pod| pod.name)
+            .collect();
+        if since.is_empty() {
+            return;
+        }
+        since.sort_unstable();
+        let object = DeletedRef {
+            kind: kind.as_str(),
+            namespace,
+            name,
+            uid: object.uid.as_deref(),
+        };
+        self.events.used_after_delete(object, &since);
     }
 
     fn next_retry(&self, key: (Kind, String, String)) -> Duration {
@@ -393,6 +442,7 @@ async fn release_when_unused<K: Protected>(
     }
     if !verdict.allowed {
         tracing::debug!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, pods = %verdict.pods.join(","), "deferred delete waits for its pods");
+        holder.tell_of_pods_created_since(K::RULES_KIND, meta);
         return Ok(Action::requeue(RECHECK));
     }
     if release(objects, meta, false).await? {

@@ -17,8 +17,9 @@
 //! In [`Mode::Defer`], rules 5 and 6 are the safety net for a used object the finalizer does
 //! not hold yet: the guard adds it to every object a pod uses within moments, and a
 //! delete of the version that carries it is the only one deferred. The finalizer is
-//! removed on the same proof that allows a delete in [`Mode::Refuse`]
-//! ([`may_release`]): rules 1 to 3 and 5 to 7.
+//! removed once a quorum read made after the delete shows no pod that is not terminal
+//! needing the object, not even one on its way out ([`may_release`]): the same reads as
+//! rules 5 to 7, without their judgement of which pods are leaving.
 //!
 //! A pod **uses** the object while its spec names it without `optional: true`
 //! ([`crate::references::needs`]) and it is not terminal (Succeeded, Failed). A pod not yet
@@ -141,6 +142,8 @@ pub struct Dependent {
     pub terminal: bool,
     /// Its ownerReferences.
     pub owners: Vec<OwnerReference>,
+    /// When it was created.
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 /// The reads behind the rules, behind a narrow trait so that they can be tested with an
@@ -233,15 +236,8 @@ pub async fn decide(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Ver
         return Verdict::allow(Reason::Exempt, "the requester is exempt".to_owned());
     }
     // Rule 3.
-    let force = request
-        .object
-        .and_then(|object| object.annotations.as_ref()?.get(FORCE_ANNOTATION))
-        .filter(|why| !why.trim().is_empty());
-    if let Some(why) = force {
-        return Verdict::allow(
-            Reason::Forced,
-            format!("{what} deleted by force ({FORCE_ANNOTATION}: {why})"),
-        );
+    if let Some(forced) = forced(request) {
+        return forced;
     }
     // Rule 4.
     if request.mode == Mode::Defer && request.object.is_some_and(is_held) {
@@ -256,28 +252,90 @@ pub async fn decide(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Ver
             format!("cannot verify that no pod uses {what} ({error}); refusing to delete it"),
         ),
     };
+    unless_the_namespace_goes(request.namespace, verdict, lookup).await
+}
+
+/// Whether an object held for a deferred delete may go, its finalizer removed: it is
+/// forced, or no pod that is not terminal needs it any more, as a quorum read made now
+/// shows, or its namespace is being deleted. Stricter than rules 5 to 7: a pod on its way
+/// out still counts until it is gone (its containers still run, and a kubelet restarted
+/// meanwhile mounts its volumes again), so no owner is read. Waiting costs nothing once
+/// the delete has been accepted.
+pub async fn may_release(object: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
+    let what = Subject(object.kind, object.name);
+    if let Some(forced) = forced(object) {
+        return forced;
+    }
+    let verdict = match remaining_users(object, lookup).await {
+        Ok(pods) if pods.is_empty() => Verdict::allow(Reason::Unused, format!("no pod uses {what} any more")),
+        Ok(mut pods) => {
+            let more = pods.len().saturating_sub(NAMED_PODS);
+            pods.truncate(NAMED_PODS);
+            let message = format!(
+                "{what} waits for pod {}{} in namespace {}",
+                pods.join(", "),
+                more_pods(more),
+                object.namespace
+            );
+            Verdict {
+                pods,
+                ..Verdict::deny(Reason::InUse, message)
+            }
+        }
+        Err(error) => Verdict::deny(
+            Reason::LookupFailed,
+            format!("cannot verify that no pod uses {what} ({error})"),
+        ),
+    };
+    unless_the_namespace_goes(object.namespace, verdict, lookup).await
+}
+
+/// Rule 3: the force annotation, with a reason.
+fn forced(request: &ObjectDelete<'_>) -> Option<Verdict> {
+    let why = request
+        .object
+        .and_then(|object| object.annotations.as_ref()?.get(FORCE_ANNOTATION))
+        .filter(|why| !why.trim().is_empty())?;
+    let what = Subject(request.kind, request.name);
+    Some(Verdict::allow(
+        Reason::Forced,
+        format!("{what} deleted by force ({FORCE_ANNOTATION}: {why})"),
+    ))
+}
+
+/// A denial turned into an allow when a quorum read shows the namespace being deleted.
+async fn unless_the_namespace_goes(namespace: &str, verdict: Verdict, lookup: &dyn InUseLookup) -> Verdict {
     if verdict.allowed {
         return verdict;
     }
-    match lookup.namespace_terminating(request.namespace).await {
+    match lookup.namespace_terminating(namespace).await {
         Ok(true) => Verdict::allow(
             Reason::NamespaceTerminating,
-            format!("namespace {} is being deleted", request.namespace),
+            format!("namespace {namespace} is being deleted"),
         ),
         Ok(false) | Err(_) => verdict,
     }
 }
 
-/// Whether the object may go, held by the [`FINALIZER`] once deleted: the proof that
-/// allows a delete in [`Mode::Refuse`] (forced, unused, its namespace being deleted),
-/// made when the finalizer is to be removed.
-pub async fn may_release(object: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
-    let request = ObjectDelete {
-        exempt: false,
-        mode: Mode::Refuse,
-        ..*object
+/// The names of the pods that are not terminal and need the object: those the watch
+/// shows if any (no read), else those of one quorum read.
+async fn remaining_users(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> crate::Result<Vec<String>> {
+    let (kind, namespace, name) = (request.kind, request.namespace, request.name);
+    let names = |pods: Vec<Dependent>| {
+        let mut names: Vec<String> = pods
+            .into_iter()
+            .filter(|pod| !pod.terminal)
+            .map(|pod| pod.name)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
     };
-    decide(&request, lookup).await
+    let cached = names(lookup.cached_users(namespace, kind, name));
+    if !cached.is_empty() {
+        return Ok(cached);
+    }
+    Ok(names(lookup.users(namespace, kind, name).await?))
 }
 
 /// Whether the object carries the [`FINALIZER`].
@@ -310,7 +368,7 @@ fn deferred(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
     let mut pods: Vec<String> = lookup
         .cached_users(request.namespace, request.kind, request.name)
         .into_iter()
-        .filter(|pod| !pod.terminal && !pod.deleting)
+        .filter(|pod| !pod.terminal)
         .map(|pod| pod.name)
         .collect();
     pods.sort_unstable();
@@ -979,12 +1037,12 @@ mod tests {
 
     #[tokio::test]
     async fn in_defer_a_held_object_goes_through_unread_naming_the_pods_the_watch_shows() {
-        let leaving = Dependent {
-            deleting: true,
-            ..pod("leaving", &[])
+        let done = Dependent {
+            terminal: true,
+            ..pod("done", &[])
         };
         let lookup = Fake {
-            cached: vec![pod("web-b", &[]), pod("web-a", &[]), leaving],
+            cached: vec![pod("web-b", &[]), pod("web-a", &[]), done],
             users_fail: true,
             objects_fail: true,
             ..Fake::default()
@@ -1036,7 +1094,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_held_object_is_released_on_the_proof_that_allows_a_delete() {
+    async fn a_held_object_is_released_once_no_pod_that_runs_needs_it_not_even_one_leaving() {
         let held = ObjectMeta {
             finalizers: Some(vec![FINALIZER.to_owned()]),
             ..ObjectMeta::default()

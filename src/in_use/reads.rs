@@ -257,5 +257,6 @@ pub(super) fn dependent(api_version: &str, kind: &str, metadata: &ObjectMeta) ->
         finalizers: metadata.finalizers.clone().unwrap_or_default(),
         terminal: false,
         owners: metadata.owner_references.clone().unwrap_or_default(),
+        created: metadata.creation_timestamp.as_ref().map(|time| time.0),
     }
 }

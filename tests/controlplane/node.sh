@@ -105,7 +105,7 @@ node_kcm_controllers() {
 	printf ',%s' endpoints-controller \
 		endpointslice-controller serviceaccount-controller disruption-controller \
 		node-lifecycle-controller root-ca-certificate-publisher-controller \
-		pod-garbage-collector-controller
+		pod-garbage-collector-controller job-controller
 }
 node_kcm_flags() {
 	node_enabled || return 0

@@ -1,4 +1,5 @@
-//! In-use protection on the node, as shipped: the chart installed with `inUse.enabled`,
+//! In-use protection on the node, as shipped: the chart installed with `inUse.enabled` and
+//! `inUse.mode=refuse`,
 //! a Deployment whose pods the kubelet runs reading a Secret through `env` and a ConfigMap
 //! through a volume, and `kubectl` users deleting them. Without the guard, the same
 //! sequence leaves the rollout's new pods in `CreateContainerConfigError`; with it, every
@@ -140,7 +141,7 @@ fn rolled_out(ns: &str) -> bool {
 /// rollout; then the ways out (scale to 0, the force annotation, `helm uninstall`,
 /// deleting the namespace).
 pub async fn the_chart_installed_guard_keeps_what_a_deployment_uses_on_the_node() {
-    let release = Release::install_with(VERSION, &["inUse.enabled=true"]);
+    let release = Release::install_with(VERSION, &["inUse.enabled=true", "inUse.mode=refuse"]);
 
     // Outside the opt-in, as if there were no guard: both deletes pass, and the rollout's
     // new pods wait for what is gone.

@@ -8,6 +8,7 @@
 //! the other suites, with `cargo test --test shipped`. It fails when the node cannot start.
 #![allow(clippy::unwrap_used)]
 
+mod deferred;
 #[path = "../e2e/harness.rs"]
 mod harness;
 mod in_use;
@@ -206,8 +207,9 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
 
     the_host_network_variant_serves_from_the_node().await;
 
-    // In-use protection, from the chart, on the node.
+    // In-use protection, from the chart, on the node: refused, then deferred.
     in_use::the_chart_installed_guard_keeps_what_a_deployment_uses_on_the_node().await;
+    deferred::the_chart_installed_guard_defers_what_tools_delete_on_the_node().await;
 
     // From the registry, as an operator installs it, and upgraded from the last release.
     release::released_chart_upgrades_and_rolls_back_under_load().await;
