@@ -8,10 +8,17 @@
 //!    in one of `--pods`. Twice: with the cluster's pods quiet, and with a pod elsewhere
 //!    written every `--churn-ms` (its events let the guard's pod index prove itself
 //!    current, so that an allow reads the index in place of a LIST).
-//! 2. **`helm uninstall`** of a release of 100 ConfigMaps, 100 Secrets and a Deployment of
+//! 2. **Deferred deletes** (`defer`): the same dry-run delete of a ConfigMap the guard holds
+//!    (its finalizer on it), with the webhooks and without, 10 and `--pods` pods, with the
+//!    cluster quiet and beside a writer creating `--writes-per-second` ConfigMaps in another
+//!    namespace. Then what the guard writes to the apiserver, per object and per pod
+//!    created, and what opting in a namespace of `--opt-in-pods` pods costs (time, writes,
+//!    memory), against the same without protection.
+//! 3. **`helm uninstall`** of a release of 100 ConfigMaps, 100 Secrets and a Deployment of
 //!    two pods using some of them, in an opted-in namespace, with the guard and without.
 //!
-//! The guard runs as the service account `tests/e2e_in_use.rs` gives it. Prints tables.
+//! The guard runs as the service account `tests/e2e_in_use.rs` gives it, `enabled` meaning
+//! `refuse`; the deferred deletes' namespaces are labelled `defer`. Prints tables.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod bench_support;
@@ -55,9 +62,21 @@ struct Args {
     /// Skip the `helm uninstall` runs.
     #[arg(long)]
     no_uninstall: bool,
+    /// ConfigMaps the writer creates a second in another namespace, in the second run of
+    /// the deferred deletes; 0 skips that run.
+    #[arg(long, default_value_t = 50)]
+    writes_per_second: u64,
+    /// Pods (each using a ConfigMap of its own) in the namespace opted in at once.
+    #[arg(long, default_value_t = 1_000)]
+    opt_in_pods: usize,
+    /// Skip the deferred deletes.
+    #[arg(long)]
+    no_defer: bool,
 }
 
 const OPT_IN: &str = "cds-secret-guard/in-use-protection=enabled";
+const DEFER: &str = "cds-secret-guard/in-use-protection=defer";
+const FINALIZER: &str = "cds-secret-guard.io/in-use";
 
 /// Whether the guard's webhooks are registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,9 +137,14 @@ impl Registration<'_> {
 /// An opted-in namespace of `pods` pods naming nothing, the ConfigMap `used` and a pod
 /// using it, and the ConfigMap `unused`.
 async fn namespace(prefix: &str, pods: usize) -> TestNamespace {
+    namespace_labelled(prefix, pods, OPT_IN).await
+}
+
+/// [`namespace`], opted in with `label`.
+async fn namespace_labelled(prefix: &str, pods: usize, label: &str) -> TestNamespace {
     let ns = TestNamespace::new(prefix).await;
     let labelled = kubectl()
-        .args(["label", "namespace", &ns.name, OPT_IN])
+        .args(["label", "namespace", &ns.name, label])
         .output()
         .unwrap();
     assert!(labelled.status.success(), "{labelled:?}");
@@ -351,6 +375,344 @@ async fn delete_paths_in(
     table.print();
 }
 
+// --- deferred deletes ---
+
+/// Creates a ConfigMap of its own namespace `per_second` times a second (and deletes the
+/// one created 100 before), until dropped.
+struct Writer {
+    task: tokio::task::JoinHandle<()>,
+    _ns: TestNamespace,
+}
+
+impl Writer {
+    async fn start(per_second: u64) -> Self {
+        let ns = TestNamespace::new("in-use-bench-writer").await;
+        let config_maps: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+        let every = Duration::from_secs(1) / u32::try_from(per_second).unwrap();
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            for i in 0u64.. {
+                ticks.tick().await;
+                let config_map = serde_json::from_value(json!({"metadata": {"name": format!("w-{i}")}})).unwrap();
+                let _ = config_maps.create(&PostParams::default(), &config_map).await;
+                if i >= 100 {
+                    let _ = config_maps
+                        .delete(&format!("w-{}", i - 100), &DeleteParams::default())
+                        .await;
+                }
+            }
+        });
+        Self { task, _ns: ns }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Whether the ConfigMap carries the guard's finalizer.
+async fn held(config_maps: &Api<ConfigMap>, name: &str) -> bool {
+    config_maps
+        .get_metadata_opt(name)
+        .await
+        .unwrap()
+        .and_then(|found| found.metadata.finalizers)
+        .is_some_and(|finalizers| finalizers.iter().any(|finalizer| finalizer == FINALIZER))
+}
+
+/// Waits until the guard holds every ConfigMap of `names` in `namespace`; how long it took.
+async fn all_held(namespace: &str, names: &[String]) -> Duration {
+    let config_maps: Api<ConfigMap> = Api::namespaced(client().await, namespace);
+    let started = Instant::now();
+    loop {
+        let listed = config_maps.list_metadata(&ListParams::default()).await.unwrap();
+        let held = listed
+            .items
+            .iter()
+            .filter(|found| {
+                names.contains(found.metadata.name.as_ref().unwrap())
+                    && found
+                        .metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|finalizer| finalizer == FINALIZER)
+            })
+            .count();
+        if held == names.len() {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "{held} of {} held",
+            names.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The guard's finalizer writes so far: (added, removed).
+async fn finalizer_writes(guard: &Guard) -> (u64, u64) {
+    let text = guard.metrics().await;
+    let count = |action: &str| {
+        let series = format!("cds_secret_guard_in_use_finalizer_writes_total{{action=\"{action}\"}}");
+        metric(&text, &series).map_or(0, |count| count as u64)
+    };
+    (count("add"), count("remove"))
+}
+
+async fn deferred(args: &Args, guard: &Guard) {
+    // The registration's probe: a ConfigMap in use in a namespace that refuses.
+    let probe = namespace("in-use-bench-probe", 0).await;
+    let small = namespace_labelled("in-use-bench-defer-10", 10, DEFER).await;
+    let large = namespace_labelled("in-use-bench-defer-large", args.pods, DEFER).await;
+    for ns in [&small, &large] {
+        all_held(&ns.name, &["used".to_owned()]).await;
+    }
+    deferred_deletes_in(args, guard, &probe, &small, &large, None).await;
+    if args.writes_per_second > 0 {
+        let _writer = Writer::start(args.writes_per_second).await;
+        deferred_deletes_in(args, guard, &probe, &small, &large, Some(args.writes_per_second)).await;
+    }
+    drop((small, large));
+    writes(guard).await;
+    opt_in_cost(args, guard).await;
+    drop(probe);
+}
+
+async fn deferred_deletes_in(
+    args: &Args,
+    guard: &Guard,
+    probe: &TestNamespace,
+    small: &TestNamespace,
+    large: &TestNamespace,
+    writer: Option<u64>,
+) {
+    let admin = client().await;
+    let registration = Registration {
+        guard,
+        probe: Api::namespaced(admin.clone(), &probe.name),
+    };
+    let reads_before = user_reads(guard).await;
+    // [namespace][webhook]
+    let mut runs: Vec<[Runs; 2]> = (0..2).map(|_| Default::default()).collect();
+    for round in 0..args.rounds {
+        for webhook in Webhook::order(round) {
+            registration.set(webhook).await;
+            for (n, ns) in [small, large].into_iter().enumerate() {
+                let latencies = deletes(&admin, &ns.name, "used", args.deletes, false).await;
+                runs[n][webhook as usize].add(&latencies);
+            }
+        }
+    }
+    registration.set(Webhook::Guard).await;
+    let reads_after = user_reads(guard).await;
+    let mut table = Table::new(
+        format!(
+            "In-use protection, defer: a delete of a ConfigMap the guard holds (dry run), one at a time, {} rounds of {} deletes, {}",
+            args.rounds,
+            args.deletes,
+            match writer {
+                None => "the cluster quiet".to_owned(),
+                Some(rate) => format!("beside a writer creating {rate} ConfigMaps a second in another namespace"),
+            }
+        ),
+        &[
+            "pods",
+            "guard p50 ms",
+            "no webhook p50 ms",
+            "ratio p50",
+            "guard p99 ms",
+            "no webhook p99 ms",
+            "ratio p99",
+        ],
+    );
+    for (n, pods) in [10, args.pods].into_iter().enumerate() {
+        let [none, guarded] = &runs[n];
+        let ratio = median_ratio(&guarded.p50, &none.p50);
+        table.row(vec![
+            pods.to_string(),
+            f2(median(&guarded.p50)),
+            f2(median(&none.p50)),
+            goal(ratio, ratio <= 1.5, "≤ 1.5"),
+            f2(median(&guarded.p99)),
+            f2(median(&none.p99)),
+            f2(median_ratio(&guarded.p99, &none.p99)),
+        ]);
+    }
+    table.note(format!(
+        "- the guard's reads of the users meanwhile: {} (a held object's delete reads nothing)",
+        (reads_after.0 + reads_after.1) - (reads_before.0 + reads_before.1)
+    ));
+    table.print();
+}
+
+/// What the guard writes: per object a pod uses (held once, released once, one Event on
+/// its deferred delete) and per pod created using objects already held, in a namespace
+/// opted in to `defer` and in one that is not.
+async fn writes(guard: &Guard) {
+    const OBJECTS: usize = 100;
+    let mut table = Table::new(
+        format!(
+            "In-use protection, defer: the guard's writes to the apiserver, {OBJECTS} ConfigMaps each used by 2 pods"
+        ),
+        &[
+            "namespace",
+            "finalizer adds",
+            "finalizer removes",
+            "Events",
+            "writes per object",
+            "writes per pod created",
+        ],
+    );
+    for (opted_in, label) in [(true, Some(DEFER)), (false, None)] {
+        let ns = TestNamespace::new("in-use-bench-writes").await;
+        if let Some(label) = label {
+            let labelled = kubectl()
+                .args(["label", "namespace", &ns.name, label])
+                .output()
+                .unwrap();
+            assert!(labelled.status.success(), "{labelled:?}");
+        }
+        let config_maps: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+        let names: Vec<String> = (0..OBJECTS).map(|i| format!("settings-{i}")).collect();
+        for name in &names {
+            let config_map = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+            config_maps.create(&PostParams::default(), &config_map).await.unwrap();
+        }
+        let before = finalizer_writes(guard).await;
+        // A first pod each: the objects held (once each).
+        for (i, name) in names.iter().enumerate() {
+            ns.pods()
+                .create(&PostParams::default(), &pod(&format!("first-{i}"), Some(name)))
+                .await
+                .unwrap();
+        }
+        if opted_in {
+            all_held(&ns.name, &names).await;
+        } else {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        let held_after_first = finalizer_writes(guard).await;
+        // A second pod each: nothing to write.
+        for (i, name) in names.iter().enumerate() {
+            ns.pods()
+                .create(&PostParams::default(), &pod(&format!("second-{i}"), Some(name)))
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after_second = finalizer_writes(guard).await;
+        // Deleted while in use (deferred), then the pods: released once each.
+        for name in &names {
+            config_maps.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        ns.pods()
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .unwrap();
+        let started = Instant::now();
+        while !config_maps
+            .list_metadata(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|found| found.metadata.name.as_deref() == Some("kube-root-ca.crt"))
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "the deferred deletes never completed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = finalizer_writes(guard).await;
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ns.client.clone(), &ns.name);
+        let recorded = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|event| event.reporting_controller.as_deref() == Some("cds-secret-guard"))
+            .count() as u64;
+        let (adds, removes) = (after.0 - before.0, after.1 - before.1);
+        let per_pod = (after_second.0 - held_after_first.0) + (after_second.1 - held_after_first.1);
+        table.row(vec![
+            if opted_in { "opted in to defer" } else { "not opted in" }.to_owned(),
+            adds.to_string(),
+            removes.to_string(),
+            recorded.to_string(),
+            f2((adds + removes + recorded) as f64 / OBJECTS as f64),
+            f2(per_pod as f64 / OBJECTS as f64),
+        ]);
+    }
+    table.note(
+        "- each row's second pods use objects already held: what a pod created costs once its objects are".to_owned(),
+    );
+    table.print();
+}
+
+/// A namespace of `--opt-in-pods` pods, each using a ConfigMap of its own, opted in at
+/// once: how long until the guard holds them all, its writes and its memory; without
+/// the opt-in the guard writes nothing.
+async fn opt_in_cost(args: &Args, guard: &Guard) {
+    let ns = TestNamespace::new("in-use-bench-opt-in").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+    let names: Vec<String> = (0..args.opt_in_pods).map(|i| format!("settings-{i:05}")).collect();
+    stream::iter(names.iter().enumerate())
+        .map(|(i, name)| {
+            let (config_maps, pods) = (config_maps.clone(), ns.pods());
+            async move {
+                let config_map = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+                config_maps.create(&PostParams::default(), &config_map).await?;
+                pods.create(&PostParams::default(), &pod(&format!("user-{i:05}"), Some(name)))
+                    .await
+                    .map(drop)
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await
+        .expect("create the pods and their ConfigMaps");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let unlabelled = finalizer_writes(guard).await;
+    let memory_before = resident_mib(guard);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = finalizer_writes(guard).await;
+    let labelled = kubectl()
+        .args(["label", "namespace", &ns.name, DEFER])
+        .output()
+        .unwrap();
+    assert!(labelled.status.success(), "{labelled:?}");
+    let took = all_held(&ns.name, &names).await;
+    let after = finalizer_writes(guard).await;
+    let mut table = Table::new(
+        format!(
+            "In-use protection, defer: opting in a namespace of {} pods, each using a ConfigMap of its own",
+            args.opt_in_pods
+        ),
+        &["", "until all held s", "finalizer writes", "guard MiB"],
+    );
+    table.row(vec![
+        "not opted in".to_owned(),
+        "-".to_owned(),
+        (still.0 - unlabelled.0).to_string(),
+        f2(memory_before),
+    ]);
+    table.row(vec![
+        "opted in".to_owned(),
+        f2(took.as_secs_f64()),
+        (after.0 - still.0).to_string(),
+        f2(resident_mib(guard)),
+    ]);
+    table.print();
+    assert!(held(&config_maps, &names[0]).await);
+}
+
 // --- helm uninstall ---
 
 /// A chart of 100 ConfigMaps, 100 Secrets and a Deployment of two pods using the first of
@@ -482,6 +844,9 @@ async fn main() {
     control_plane();
     let guard = Guard::start_with(in_use_guard_options());
     delete_paths(&args, &guard).await;
+    if !args.no_defer {
+        deferred(&args, &guard).await;
+    }
     if !args.no_uninstall {
         uninstalls(&args, &guard).await;
     }

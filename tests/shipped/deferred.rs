@@ -524,6 +524,40 @@ async fn the_guard_scaled_to_0_leaves_a_delete_pending() {
         "deferred, the guard back: the pending delete completed {:?} after the scale to 0",
         started.elapsed()
     );
+
+    // Every replica down again, and a delete waiting: docs/emergency.md's way out releases
+    // it by hand, and it completes at once.
+    run(kubectl().args(["-n", &ns.name, "scale", "deployment/web", "--replicas=2"]));
+    run(kubectl().args(["-n", &ns.name, "rollout", "status", "deployment/web", "--timeout=120s"]));
+    scale("0");
+    eventually("no guard pod left", WITHIN, || {
+        crate::install::live_guard_pods("cds-secret-guard")
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let config_map = format!("app-config-{one}");
+    run(kubectl().args(["-n", &ns.name, "delete", "configmap", &config_map, "--wait=false"]));
+    assert!(object(&ns.name, "configmap", &config_map).is_some_and(|pending| held(&pending)));
+    let way_out = page_command("docs/emergency.md", "kubectl get secrets,configmaps -A --no-headers");
+    run(Command::new("bash")
+        .arg("-c")
+        .arg(&way_out)
+        .env("KUBECONFIG", crate::harness::control_plane())
+        .env("PATH", path_with_kubectl()));
+    assert!(
+        object(&ns.name, "configmap", &config_map).is_none(),
+        "released by hand, it is gone"
+    );
+    let held = held_anywhere();
+    assert!(held.is_empty(), "the page's command left {held:?}");
+    println!("deferred, every replica down: docs/emergency.md's command released the waiting delete");
+    scale("2");
+    eventually("the guard back", WITHIN, || {
+        let pods = crate::install::guard_pods("cds-secret-guard");
+        (pods.len() == 2 && pods.iter().all(|(_, _, ready)| *ready)).then_some(())
+    })
+    .await;
 }
 
 /// Turned off by an upgrade, then uninstalled: nothing keeps the guard's finalizer, and a
