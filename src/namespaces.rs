@@ -5,7 +5,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
+    sync::{Arc, Mutex},
 };
 
 use futures::{FutureExt, StreamExt};
@@ -19,6 +19,7 @@ use kube::{
         watcher::{self, watcher},
     },
 };
+use tokio::sync::mpsc;
 
 use crate::Result;
 
@@ -27,6 +28,8 @@ use crate::Result;
 #[derive(Clone, Default)]
 pub struct NamespaceCache {
     stores: Arc<HashMap<String, Store<PartialObjectMeta<Namespace>>>>,
+    /// Told the name of each namespace the watches bring, once the cache shows it.
+    subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<String>>>>,
 }
 
 impl NamespaceCache {
@@ -49,9 +52,11 @@ impl NamespaceCache {
         };
         let mut stores = HashMap::new();
         let mut runs = Vec::new();
+        let subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<String>>>> = Arc::default();
         for (key, config) in watches {
             let (store, writer) = reflector::store();
             stores.insert(key, store);
+            let subscribers = subscribers.clone();
             let events = watcher(all.clone(), config)
                 .default_backoff()
                 .modify(|ns| {
@@ -59,17 +64,38 @@ impl NamespaceCache {
                     ns.metadata.annotations = None;
                 })
                 .reflect(writer)
-                .for_each(|event| async move {
-                    if let Err(error) = event {
-                        tracing::debug!(%error, "namespace watch error, retrying");
+                .for_each(move |event| {
+                    match event {
+                        Ok(watcher::Event::Apply(ns) | watcher::Event::InitApply(ns)) => {
+                            if let Some(name) = ns.metadata.name {
+                                let mut subscribers =
+                                    subscribers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                                subscribers.retain(|subscriber| subscriber.send(name.clone()).is_ok());
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::debug!(%error, "namespace watch error, retrying"),
                     }
+                    std::future::ready(())
                 });
             runs.push(events);
         }
         let cache = Self {
             stores: Arc::new(stores),
+            subscribers,
         };
         (cache, futures::future::join_all(runs).map(|_| ()))
+    }
+
+    /// The names of the namespaces the watches bring from now on (created, labelled,
+    /// being deleted), each sent once the cache shows it.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<String> {
+        let (sender, changes) = mpsc::unbounded_channel();
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(sender);
+        changes
     }
 
     /// What the cache says of a namespace: `Some(false)` when it shows it alive.

@@ -951,3 +951,51 @@ async fn release_finalizers_lets_every_deferred_delete_complete() {
         "the deferred delete completed"
     );
 }
+
+#[tokio::test]
+async fn reads_of_a_namespace_waiting_for_its_list_share_the_next_one() {
+    let ns = TestNamespace::new("in-use-lists").await;
+    for i in 0..3 {
+        ns.pods()
+            .create(
+                &PostParams::default(),
+                &reader(&format!("reader-{i}"), &format!("settings-{i}")),
+            )
+            .await
+            .unwrap();
+    }
+    // No pod watch: every read LISTs the namespace's pods.
+    let lookup = KubeInUse::new(client().await);
+    let reads = (0..20).map(|i| {
+        let lookup = lookup.clone();
+        let namespace = ns.name.clone();
+        async move {
+            let name = format!("settings-{}", i % 4);
+            let users = lookup.users(&namespace, Kind::ConfigMap, &name).await.unwrap();
+            (name, users.into_iter().map(|user| user.name).collect::<Vec<_>>())
+        }
+    });
+    for (name, users) in futures::future::join_all(reads).await {
+        let expected: Vec<String> = match name.as_str() {
+            "settings-3" => Vec::new(),
+            other => vec![format!("reader-{}", &other["settings-".len()..])],
+        };
+        assert_eq!(users, expected, "{name}");
+    }
+    // The apiserver's audit log: how many LISTs of the namespace's pods were sent.
+    let lists = || {
+        apiserver_audit()
+            .into_iter()
+            .filter(|event| {
+                event["verb"] == "list"
+                    && event["stage"] == "ResponseComplete"
+                    && event["objectRef"]["resource"] == "pods"
+                    && event["objectRef"]["namespace"] == ns.name.as_str()
+            })
+            .count()
+    };
+    until("the audit log written", async || lists() > 0).await;
+    let sent = lists();
+    println!("20 reads at once, {sent} LISTs");
+    assert!(sent <= 4, "20 reads at once sent {sent} LISTs");
+}

@@ -268,31 +268,25 @@ impl Holder {
             })
             .reflect(writer)
             .applied_objects();
-        let namespaces = {
-            let all: Api<PartialObjectMeta<Namespace>> = Api::all(self.client.clone());
-            let config = match &scope {
-                Some(namespace) => watcher::Config::default().fields(&format!("metadata.name={namespace}")),
-                None => watcher::Config::default(),
-            };
-            watcher(all, config).default_backoff().applied_objects()
-        };
+        // A namespace's labels may opt its objects in or out: they are looked at again once
+        // the cache the reconciles read shows the change.
+        let in_namespace = objects.clone();
+        let namespace_changed = tokio_stream_of(self.namespaces.subscribe()).flat_map(move |namespace| {
+            let objects: Vec<_> = in_namespace
+                .state()
+                .into_iter()
+                .filter(|object| object.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .map(|object| ObjectRef::from_obj(&*object))
+                .collect();
+            futures::stream::iter(objects)
+        });
         let users_changed = changes.map(|(namespace, name)| ObjectRef::new(&name).within(&namespace));
         let context = Arc::new(Context {
             holder: self,
             objects: objects.clone(),
         });
-        let in_namespace = objects.clone();
         Controller::for_stream(events, objects)
-            .watches_stream(namespaces, move |namespace| {
-                // Its labels may have opted its objects in or out.
-                let name = namespace.metadata.name.clone().unwrap_or_default();
-                in_namespace
-                    .state()
-                    .into_iter()
-                    .filter(|object| object.metadata.namespace.as_deref() == Some(name.as_str()))
-                    .map(|object| ObjectRef::from_obj(&*object))
-                    .collect::<Vec<_>>()
-            })
+            .reconcile_on(namespace_changed)
             .reconcile_on(users_changed)
             .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
             .graceful_shutdown_on(ended.cancelled_owned())
@@ -314,11 +308,20 @@ impl Holder {
     }
 
     /// What the object is opted in to: its label's mode, else its namespace's, as the
-    /// watches show them.
+    /// watches show them. `kube-system` and the guard's own namespace never are, as the
+    /// webhooks leave them out.
     fn mode_of(&self, object: &ObjectMeta) -> Option<Mode> {
         let namespace = object.namespace.as_deref().unwrap_or_default();
+        if self.left_out(namespace) {
+            return None;
+        }
         let namespace_labels = self.namespaces.labels(namespace);
         opted_in(object.labels.as_ref(), namespace_labels.as_ref(), self.default_mode)
+    }
+
+    /// `kube-system` and the guard's own namespace.
+    fn left_out(&self, namespace: &str) -> bool {
+        namespace == "kube-system" || namespace == self.client.default_namespace()
     }
 
     /// Whether a pod that runs needs the object, as the index shows it now.
@@ -476,7 +479,8 @@ async fn release_opted_out<K: Protected>(
     if !is_held(&current) || current.deletion_timestamp.is_none() {
         return Ok(Action::await_change());
     }
-    if opted_in(current.labels.as_ref(), namespace_labels.as_ref(), holder.default_mode).is_some() {
+    let mode = opted_in(current.labels.as_ref(), namespace_labels.as_ref(), holder.default_mode);
+    if mode.is_some() && !holder.left_out(namespace) {
         return release_when_unused(holder, objects, &current).await;
     }
     if release(objects, &current, false).await? {
@@ -499,6 +503,11 @@ fn error_policy<K: Protected>(object: Arc<PartialObjectMeta<K>>, error: &Error, 
     }
     tracing::warn!(%error, %namespace, kind = K::RULES_KIND.as_str(), object = %name, ?delay, "cannot hold or release for deferred deletes, retrying");
     Action::requeue(delay)
+}
+
+/// A tokio channel's messages as a stream.
+fn tokio_stream_of<T>(mut receiver: tokio::sync::mpsc::UnboundedReceiver<T>) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |context| receiver.poll_recv(context))
 }
 
 fn patch_params() -> PatchParams {

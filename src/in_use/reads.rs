@@ -4,7 +4,13 @@
 //! in for the LIST of every pod's spec once it has caught up with a revision read by
 //! quorum after the request.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
@@ -17,6 +23,7 @@ use kube::{
         watcher::{self, watcher},
     },
 };
+use tokio::time::Instant;
 
 use super::{
     Dependent, InUseLookup, WORKLOAD_KINDS,
@@ -33,6 +40,46 @@ use crate::{
 /// Pods per page of the namespace's LIST: a page's specs are held at once, never more.
 const PAGE: u32 = 500;
 
+/// The pods of a namespace that need a Secret or ConfigMap, each with what it needs.
+type Listed = Vec<(Dependent, Vec<(Kind, String)>)>;
+
+/// One LIST at a time per namespace, and the last one while reads wait for it.
+#[derive(Default)]
+struct Lists(std::sync::Mutex<HashMap<String, Arc<Lane>>>);
+
+/// A namespace's LISTs.
+#[derive(Default)]
+struct Lane {
+    /// The reads waiting for a LIST of the namespace, or reading one.
+    waiting: AtomicUsize,
+    /// When the last LIST was sent, and the pods it found needing something; held while a
+    /// LIST runs.
+    last: tokio::sync::Mutex<Option<(Instant, Arc<Listed>)>>,
+}
+
+/// Counts a read as waiting for its lane until dropped, even when its deadline drops it.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn on(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::SeqCst);
+        Self(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Lists {
+    fn lane(&self, namespace: &str) -> Arc<Lane> {
+        let mut lanes = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        lanes.entry(namespace.to_owned()).or_default().clone()
+    }
+}
+
 /// [`InUseLookup`] against the apiserver, through kube.
 #[derive(Clone)]
 pub struct KubeInUse {
@@ -42,6 +89,8 @@ pub struct KubeInUse {
     namespaces: NamespaceCache,
     /// Times the reads and counts where the users were read from, when set.
     metrics: Option<Arc<Metrics>>,
+    /// The namespaces' LISTs, shared by the reads that wait for them.
+    lists: Arc<Lists>,
 }
 
 impl KubeInUse {
@@ -52,6 +101,7 @@ impl KubeInUse {
             indexes: Arc::default(),
             namespaces: NamespaceCache::default(),
             metrics: None,
+            lists: Arc::default(),
         }
     }
 
@@ -103,31 +153,71 @@ impl KubeInUse {
         self.indexes.iter().find(|index| index.covers(namespace))
     }
 
-    /// The pods of `namespace` whose spec needs the object, by a quorum LIST of them all.
+    /// The pods of `namespace` whose spec needs the object, by a quorum LIST of them all
+    /// sent after this read began: the reads of one namespace that arrive while its LIST
+    /// runs share the next one, so that a burst of them (a `helm uninstall`, the deferred
+    /// deletes it completes) costs a LIST or two, not one each.
     async fn list_users(&self, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Dependent>> {
+        let arrived = Instant::now();
+        let lane = self.lists.lane(namespace);
+        let _waiting = Waiting::on(&lane.waiting);
+        let mut last = lane.last.lock().await;
+        let listed = match last.as_ref() {
+            Some((started, listed)) if *started >= arrived => Ok(listed.clone()),
+            _ => {
+                let started = Instant::now();
+                let listed = self.list_namespace(namespace).await.map(Arc::new);
+                if let Ok(listed) = &listed {
+                    *last = Some((started, listed.clone()));
+                }
+                listed
+            }
+        };
+        // The last read waiting lets the listing go: it would serve no later one.
+        if lane.waiting.load(Ordering::SeqCst) == 1 {
+            *last = None;
+        }
+        drop(last);
+        Ok(listed?
+            .iter()
+            .filter(|(_, needs)| needs.contains(&(kind, name.to_owned())))
+            .map(|(pod, _)| pod.clone())
+            .collect())
+    }
+
+    /// Every pod of `namespace` that needs a Secret or ConfigMap, with what it needs, by
+    /// a quorum LIST in pages.
+    async fn list_namespace(&self, namespace: &str) -> Result<Listed> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         // No resourceVersion: the most recent, a quorum read; the next pages continue it.
         let mut params = ListParams::default().limit(PAGE);
-        let mut users = Vec::new();
+        let mut listed = Vec::new();
         loop {
             let page = pods.list(&params).await?;
             for pod in page.items {
-                let needs = pod
-                    .spec
-                    .as_ref()
-                    .is_some_and(|spec| crate::references::needs(spec, kind, name));
-                if needs {
-                    let phase = pod.status.and_then(|status| status.phase);
-                    let terminal = matches!(phase.as_deref(), Some("Succeeded" | "Failed"));
-                    users.push(Dependent {
-                        terminal,
-                        ..dependent("v1", "Pod", &pod.metadata)
+                let mut needs = Vec::new();
+                if let Some(spec) = &pod.spec {
+                    crate::references::visit(spec, |reference| {
+                        let needed = (reference.kind, reference.name.to_owned());
+                        if !reference.optional && !needs.contains(&needed) {
+                            needs.push(needed);
+                        }
                     });
                 }
+                if needs.is_empty() {
+                    continue;
+                }
+                let phase = pod.status.and_then(|status| status.phase);
+                let terminal = matches!(phase.as_deref(), Some("Succeeded" | "Failed"));
+                let pod = Dependent {
+                    terminal,
+                    ..dependent("v1", "Pod", &pod.metadata)
+                };
+                listed.push((pod, needs));
             }
             match page.metadata.continue_.filter(|token| !token.is_empty()) {
                 Some(token) => params.continue_token = Some(token),
-                None => return Ok(users),
+                None => return Ok(listed),
             }
         }
     }

@@ -526,9 +526,10 @@ async fn the_guard_scaled_to_0_leaves_a_delete_pending() {
     );
 
     // Every replica down again, and a delete waiting: docs/emergency.md's way out releases
-    // it by hand, and it completes at once.
-    run(kubectl().args(["-n", &ns.name, "scale", "deployment/web", "--replicas=2"]));
+    // it by hand, and it completes at once. The workload back first, its Secret made again.
+    ns.apply(&json!({"apiVersion": "v1", "kind": "List", "items": manifests(&one, "one")}).to_string());
     run(kubectl().args(["-n", &ns.name, "rollout", "status", "deployment/web", "--timeout=120s"]));
+    both_held(&ns.name, &one).await;
     scale("0");
     eventually("no guard pod left", WITHIN, || {
         crate::install::live_guard_pods("cds-secret-guard")
