@@ -177,3 +177,52 @@ async fn other_requests_pass_untouched() {
         assert_eq!(answer["response"]["allowed"], true, "{pointer}");
     }
 }
+
+#[tokio::test]
+async fn in_defer_a_held_object_goes_through_with_a_warning_and_no_read() {
+    // Any read would take 30 s, past the lookup timeout: an answer at all proves none.
+    let pods = Pods {
+        users: vec![user("web-0")],
+        delay: Some(Duration::from_secs(30)),
+    };
+    let mut config = in_use_config(Mode::Enforce);
+    config.policy.lookup_timeout = Duration::from_millis(100);
+    let guard = server(config, pods);
+    let held = set(
+        configmap_delete(),
+        "/request/oldObject/metadata/finalizers",
+        json!(["example.com/other", "cds-secret-guard.io/in-use"]),
+    );
+    // The object's own label asks for `defer`; the guard's default is `refuse`.
+    let held = set(
+        held,
+        "/request/oldObject/metadata/labels",
+        json!({"cds-secret-guard/in-use-protection": "defer"}),
+    );
+    let (_, answer) = post(&guard.router(), "/validate-in-use", held.to_string()).await;
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(
+        response["warnings"],
+        json!(["configmap settings will be deleted once no pod of namespace cds uses it"])
+    );
+    assert_eq!(response["auditAnnotations"]["reason"], "deferred");
+
+    // Not held yet: the safety net refuses, as `refuse` does, and says to retry.
+    let pods = Pods {
+        users: vec![user("web-0")],
+        ..Pods::default()
+    };
+    let server = server(in_use_config(Mode::Enforce), pods);
+    let unheld = set(
+        configmap_delete(),
+        "/request/oldObject/metadata/labels",
+        json!({"cds-secret-guard/in-use-protection": "defer"}),
+    );
+    let (_, answer) = post(&server.router(), "/validate-in-use", unheld.to_string()).await;
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("not yet held for a deferred delete: try again"),
+        "{message}"
+    );
+}
