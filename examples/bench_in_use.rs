@@ -9,7 +9,8 @@
 //!    written every `--churn-ms` (its events let the guard's pod index prove itself
 //!    current, so that an allow reads the index in place of a LIST).
 //! 2. **Deferred deletes** (`defer`): the same dry-run delete of a ConfigMap the guard holds
-//!    (its finalizer on it), with the webhooks and without, 10 and `--pods` pods, with the
+//!    (its finalizer on it), with the webhooks, with them pointed at a ceiling that allows
+//!    at once (the floor), and without, 10 and `--pods` pods, with the
 //!    cluster quiet and beside a writer creating `--writes-per-second` ConfigMaps in another
 //!    namespace. Then what the guard writes to the apiserver, per object and per pod
 //!    created, and what opting in a namespace of `--opt-in-pods` pods costs (time, writes,
@@ -31,7 +32,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bench_support::{Table, f2, goal, median, median_ratio};
+use bench_support::{CeilingAnswer, Table, f2, goal, median, median_ratio, start_ceiling};
 use clap::Parser;
 use e2e::{
     Guard, TestNamespace, client, control_plane, in_use_guard_options, kubectl, metric, repo, unregister_webhooks,
@@ -72,6 +73,9 @@ struct Args {
     /// Skip the deferred deletes.
     #[arg(long)]
     no_defer: bool,
+    /// Skip the refusals and allows (`enabled`, meaning `refuse`).
+    #[arg(long)]
+    no_refuse: bool,
 }
 
 const OPT_IN: &str = "cds-secret-guard/in-use-protection=enabled";
@@ -81,8 +85,11 @@ const FINALIZER: &str = "cds-secret-guard.io/in-use";
 /// Whether the guard's webhooks are registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Webhook {
-    None,
-    Guard,
+    None = 0,
+    Guard = 1,
+    /// The guard's webhooks pointed at `examples/ceiling --allow`, which allows at once
+    /// with a warning: what calling any webhook that allows costs the apiserver.
+    Floor = 2,
 }
 
 impl Webhook {
@@ -95,41 +102,71 @@ impl Webhook {
             [Self::None, Self::Guard]
         }
     }
+
+    /// [`Webhook::order`] with the floor: each of the three first in turn.
+    fn order_with_floor(round: usize) -> [Self; 3] {
+        match round % 3 {
+            0 => [Self::Guard, Self::None, Self::Floor],
+            1 => [Self::None, Self::Floor, Self::Guard],
+            _ => [Self::Floor, Self::Guard, Self::None],
+        }
+    }
 }
 
-/// The webhook configurations of a running guard, registered or not at will.
+/// The floor's warning, as the probe's answer carries it.
+const FLOOR_WARNING: &str = "allowed by the ceiling";
+
+/// The webhook configurations of a running guard, registered or not at will, and of the
+/// floor when it runs.
 struct Registration<'a> {
     guard: &'a Guard,
     probe: Api<ConfigMap>,
+    /// The guard's validating configuration pointed at the floor.
+    floor_yaml: Option<PathBuf>,
 }
 
 impl Registration<'_> {
     /// Registers (or removes) the webhooks, and waits until a dry-run delete of the used
-    /// ConfigMap of the probe namespace is refused (or let through).
+    /// ConfigMap of the probe namespace is answered by them: refused by the guard, let
+    /// through with the floor's warning, or let through.
     async fn set(&self, webhook: Webhook) {
-        match webhook {
-            Webhook::Guard => {
-                let applied = kubectl()
-                    .args(["apply", "-f"])
-                    .arg(self.guard.webhooks_yaml())
-                    .output()
-                    .unwrap();
+        let yaml = match webhook {
+            Webhook::Guard => Some(self.guard.webhooks_yaml()),
+            Webhook::Floor => Some(self.floor_yaml.clone().expect("a floor")),
+            Webhook::None => None,
+        };
+        match yaml {
+            Some(yaml) => {
+                let applied = kubectl().args(["apply", "-f"]).arg(yaml).output().unwrap();
                 assert!(applied.status.success(), "{applied:?}");
             }
-            Webhook::None => assert!(unregister_webhooks(), "unregister the webhooks"),
+            None => assert!(unregister_webhooks(), "unregister the webhooks"),
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let refused = self
-                .probe
-                .delete("used", &DeleteParams::default().dry_run())
-                .await
-                .is_err();
-            if refused == (webhook == Webhook::Guard) {
-                return;
-            }
+        while self.answering().await != webhook {
             assert!(Instant::now() < deadline, "{webhook:?} never took effect");
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Who answers a dry-run delete of the probe's used ConfigMap.
+    async fn answering(&self) -> Webhook {
+        let namespace = self.probe.namespace().expect("the probe is namespaced");
+        let request = http::Request::delete(format!("/api/v1/namespaces/{namespace}/configmaps/used?dryRun=All"))
+            .body(kube::client::Body::from(Vec::new()))
+            .unwrap();
+        let Ok(response) = self.probe.clone().into_client().send(request).await else {
+            return Webhook::None;
+        };
+        let warned = response
+            .headers()
+            .get_all("warning")
+            .iter()
+            .any(|warning| warning.to_str().is_ok_and(|text| text.contains(FLOOR_WARNING)));
+        match response.status().as_u16() {
+            403 => Webhook::Guard,
+            _ if warned => Webhook::Floor,
+            _ => Webhook::None,
         }
     }
 }
@@ -302,6 +339,7 @@ async fn delete_paths_in(
     let registration = Registration {
         guard,
         probe: Api::namespaced(admin.clone(), &small.name),
+        floor_yaml: None,
     };
     // [namespace][path][webhook]
     let mut runs: Vec<Vec<[Runs; 2]>> = (0..2).map(|_| (0..2).map(|_| Default::default()).collect()).collect();
@@ -466,17 +504,36 @@ async fn finalizer_writes(guard: &Guard) -> (u64, u64) {
 async fn deferred(args: &Args, guard: &Guard) {
     // The registration's probe: a ConfigMap in use in a namespace that refuses.
     let probe = namespace("in-use-bench-probe", 0).await;
+    // The floor: the guard's validating webhooks pointed at a ceiling that allows.
+    let floor = start_ceiling(&guard.webhooks_yaml().with_file_name("certs"), CeilingAnswer::Allow);
+    let yaml = std::fs::read_to_string(guard.webhooks_yaml()).unwrap();
+    let validating = yaml
+        .split("\n---")
+        .find(|document| document.contains("kind: ValidatingWebhookConfiguration"))
+        .expect("the guard's webhooks.yaml has a validating configuration");
+    let guard_port = format!(":{}/", guard.admission_addr().port());
+    let floor_yaml = guard.webhooks_yaml().with_file_name("floor-in-use-webhook.yaml");
+    std::fs::write(
+        &floor_yaml,
+        validating.replace(&guard_port, &format!(":{}/", floor.addr.port())),
+    )
+    .unwrap();
+    let registration = Registration {
+        guard,
+        probe: Api::namespaced(client().await, &probe.name),
+        floor_yaml: Some(floor_yaml),
+    };
     let small = namespace_labelled("in-use-bench-defer-10", 10, DEFER).await;
     let large = namespace_labelled("in-use-bench-defer-large", args.pods, DEFER).await;
     for ns in [&small, &large] {
         all_held(&ns.name, &["used".to_owned()]).await;
     }
-    deferred_deletes_in(args, guard, &probe, &small, &large, None).await;
+    deferred_deletes_in(args, guard, &registration, &small, &large, None).await;
     if args.writes_per_second > 0 {
         let _writer = Writer::start(args.writes_per_second).await;
-        deferred_deletes_in(args, guard, &probe, &small, &large, Some(args.writes_per_second)).await;
+        deferred_deletes_in(args, guard, &registration, &small, &large, Some(args.writes_per_second)).await;
     }
-    drop((small, large));
+    drop((small, large, floor));
     writes(guard).await;
     opt_in_cost(args, guard).await;
     drop(probe);
@@ -485,21 +542,17 @@ async fn deferred(args: &Args, guard: &Guard) {
 async fn deferred_deletes_in(
     args: &Args,
     guard: &Guard,
-    probe: &TestNamespace,
+    registration: &Registration<'_>,
     small: &TestNamespace,
     large: &TestNamespace,
     writer: Option<u64>,
 ) {
     let admin = client().await;
-    let registration = Registration {
-        guard,
-        probe: Api::namespaced(admin.clone(), &probe.name),
-    };
     let reads_before = user_reads(guard).await;
     // [namespace][webhook]
-    let mut runs: Vec<[Runs; 2]> = (0..2).map(|_| Default::default()).collect();
+    let mut runs: Vec<[Runs; 3]> = (0..2).map(|_| Default::default()).collect();
     for round in 0..args.rounds {
-        for webhook in Webhook::order(round) {
+        for webhook in Webhook::order_with_floor(round) {
             registration.set(webhook).await;
             for (n, ns) in [small, large].into_iter().enumerate() {
                 let latencies = deletes(&admin, &ns.name, "used", args.deletes, false).await;
@@ -522,26 +575,36 @@ async fn deferred_deletes_in(
         &[
             "pods",
             "guard p50 ms",
+            "floor p50 ms",
             "no webhook p50 ms",
-            "ratio p50",
+            "guard / none p50",
+            "floor / none p50",
+            "guard / floor p50",
             "guard p99 ms",
+            "floor p99 ms",
             "no webhook p99 ms",
-            "ratio p99",
         ],
     );
     for (n, pods) in [10, args.pods].into_iter().enumerate() {
-        let [none, guarded] = &runs[n];
+        let [none, guarded, floor] = &runs[n];
         let ratio = median_ratio(&guarded.p50, &none.p50);
         table.row(vec![
             pods.to_string(),
             f2(median(&guarded.p50)),
+            f2(median(&floor.p50)),
             f2(median(&none.p50)),
             goal(ratio, ratio <= 1.5, "≤ 1.5"),
+            f2(median_ratio(&floor.p50, &none.p50)),
+            f2(median_ratio(&guarded.p50, &floor.p50)),
             f2(median(&guarded.p99)),
+            f2(median(&floor.p99)),
             f2(median(&none.p99)),
-            f2(median_ratio(&guarded.p99, &none.p99)),
         ]);
     }
+    table.note(
+        "- the floor: the guard's webhooks pointed at `examples/ceiling --allow`, which allows at once with a warning on the same TLS and HTTP stack: what calling any webhook costs the apiserver"
+            .to_owned(),
+    );
     table.note(format!(
         "- the guard's reads of the users meanwhile: {} (a held object's delete reads nothing)",
         (reads_after.0 + reads_after.1) - (reads_before.0 + reads_before.1)
@@ -812,6 +875,7 @@ async fn uninstalls(args: &Args, guard: &Guard) {
     let registration = Registration {
         guard,
         probe: Api::namespaced(client().await, &ns.name),
+        floor_yaml: None,
     };
     let mut times: [Vec<f64>; 2] = Default::default();
     for round in 0..args.rounds {
@@ -843,7 +907,9 @@ async fn main() {
     let args = Args::parse();
     control_plane();
     let guard = Guard::start_with(in_use_guard_options());
-    delete_paths(&args, &guard).await;
+    if !args.no_refuse {
+        delete_paths(&args, &guard).await;
+    }
     if !args.no_defer {
         deferred(&args, &guard).await;
     }

@@ -100,6 +100,8 @@ async fn main() -> anyhow::Result<()> {
                 continue;
             }
         };
+        // As the guard's server does (src/server.rs).
+        let _ = tcp.set_nodelay(true);
         let (acceptor, limits, deny, allow) = (acceptor.clone(), limits.clone(), args.deny, args.allow);
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {

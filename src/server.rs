@@ -429,6 +429,12 @@ impl Connections {
         );
         async move {
             let _slot = slot;
+            // An answer written in more than one piece (the TLS records of an HTTP/2
+            // response's frames) must not wait for the apiserver's delayed ACK (40 ms on
+            // Linux): Go's servers and clients set it too.
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%peer, %error, "cannot set TCP_NODELAY");
+            }
             let tls = match tokio::time::timeout(limits.idle_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
