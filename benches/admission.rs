@@ -1,4 +1,4 @@
-//! In-process benchmarks of the decision and the mutation: `policy::decide` alone, and
+//! In-process benchmarks of the decision and the mutation: `worker::decide` alone, and
 //! whole `/validate` and `/mutate` reviews decoded and handled by the real router
 //! (`Server::new(..).router()` with `tower::ServiceExt::oneshot`), with an in-memory
 //! cluster behind the lookup trait.
@@ -36,13 +36,13 @@ use axum::{
 };
 use cds_secret_guard::{
     Server,
-    admission::{self, SecretObject},
-    config::PolicyConfig,
-    lookup::ClusterLookup,
-    pod::PodObject,
-    policy::{self, SecretDelete},
+    api::review,
+    rules::worker::SecretObject,
+    rules::worker::pod::PodObject,
+    rules::worker::reads::ClusterLookup,
+    rules::worker::{self, SecretDelete},
 };
-use common::{FakeCluster, config, pod, policy as default_policy, review, set, time_ago};
+use common::{FakeCluster, Policy, config, pod, policy as default_policy, review, set, time_ago};
 use criterion::Criterion;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::ObjectMeta, jiff::Timestamp};
 use serde_json::Value;
@@ -152,7 +152,7 @@ const CASES: &[Case] = &[
 
 /// Everything the cases read, built once.
 struct Fixtures {
-    policy: PolicyConfig,
+    policy: Policy,
     young: ObjectMeta,
     old: ObjectMeta,
     empty: FakeCluster,
@@ -196,7 +196,7 @@ impl Fixtures {
         }
     }
 
-    async fn decide(&self, secret: &ObjectMeta, lookup: &dyn ClusterLookup) -> policy::Verdict {
+    async fn decide(&self, secret: &ObjectMeta, lookup: &dyn ClusterLookup) -> worker::Verdict {
         let delete = SecretDelete {
             namespace: "cds",
             name: "cds-worker-config-w1",
@@ -204,7 +204,14 @@ impl Fixtures {
             username: Some("system:serviceaccount:cds:hatchery"),
             groups: &self.groups,
         };
-        policy::decide(&self.policy, &delete, lookup, Timestamp::now()).await
+        worker::decide(
+            &self.policy.rules,
+            &self.policy.worker,
+            &delete,
+            lookup,
+            Timestamp::now(),
+        )
+        .await
     }
 
     async fn post(&self, path: &str, body: &[u8]) -> (StatusCode, axum::body::Bytes) {
@@ -224,12 +231,12 @@ impl Fixtures {
             Op::DecidePodLive => drop(black_box(self.decide(&self.old, &self.live).await)),
             Op::DecideOrphan => drop(black_box(self.decide(&self.old, &self.empty).await)),
             Op::ValidateDecode => {
-                let request = admission::decode::<SecretObject>(black_box(&self.validate_body));
+                let request = review::decode::<SecretObject>(black_box(&self.validate_body));
                 drop(black_box(request.unwrap()));
             }
             Op::ValidateRouter => drop(black_box(self.post("/validate", &self.validate_body).await)),
             Op::MutateDecode => {
-                let request = admission::decode::<PodObject>(black_box(&self.mutate_body));
+                let request = review::decode::<PodObject>(black_box(&self.mutate_body));
                 drop(black_box(request.unwrap()));
             }
             Op::MutateRouter => drop(black_box(self.post("/mutate", &self.mutate_body).await)),

@@ -1,7 +1,7 @@
 //! The ceiling: the guard's TLS and HTTP stack with nothing behind it. It accepts TLS
 //! with the guard's `CertStore` (same certificate, same rustls configuration, ALPN h2 and
 //! http/1.1), serves each connection with the same hyper-util auto builder and settings
-//! as `src/server.rs`, reads every request's whole body, and answers one constant
+//! as `src/server/`, reads every request's whole body, and answers one constant
 //! AdmissionReview. Whatever the guard does beyond this is its own cost: `make bench`
 //! loads both, alternately, and prints the guard's figures as ratios of these.
 //!
@@ -20,7 +20,7 @@ use std::{convert::Infallible, net::SocketAddr, path::PathBuf, sync::Arc};
 
 use anyhow::Context;
 use axum::body::{Body, to_bytes};
-use cds_secret_guard::{config::Limits, tls::CertStore};
+use cds_secret_guard::{certs::reload::CertStore, config::Limits};
 use clap::Parser;
 use hyper::{Request, Response, body::Incoming, service::service_fn};
 use hyper_util::{
@@ -100,7 +100,7 @@ async fn main() -> anyhow::Result<()> {
                 continue;
             }
         };
-        // As the guard's server does (src/server.rs).
+        // As the guard's server does (src/server/).
         let _ = tcp.set_nodelay(true);
         let (acceptor, limits, deny, allow) = (acceptor.clone(), limits.clone(), args.deny, args.allow);
         tokio::spawn(async move {
@@ -124,7 +124,7 @@ async fn main() -> anyhow::Result<()> {
                 };
                 Ok::<_, Infallible>(response.unwrap_or_default())
             });
-            // The same builder settings as the guard's (src/server.rs).
+            // The same builder settings as the guard's (src/server/).
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()

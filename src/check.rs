@@ -11,10 +11,9 @@ use serde::Serialize;
 
 use crate::{
     Result,
-    config::PolicyConfig,
-    lookup::KubeLookup,
-    pod::PodState,
-    policy::{WorkerPods, pod_owners, secret_age},
+    rules::worker::pod::PodState,
+    rules::worker::reads::KubeLookup,
+    rules::worker::{Settings, WorkerPods, pod_owners, secret_age},
 };
 
 /// What `check` concludes about one secret.
@@ -107,7 +106,7 @@ pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<&str>)
 /// Checks the protected secrets of one namespace, or of all when `namespace` is `None`.
 /// The worker's pods are found by the same quorum reads and judged live by the same
 /// rule as the policy's rule 5.
-pub async fn run(client: Client, policy: &PolicyConfig, namespace: Option<&str>) -> Result<Vec<Report>> {
+pub async fn run(client: Client, policy: &Settings, namespace: Option<&str>) -> Result<Vec<Report>> {
     let secrets: Api<Secret> = match namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
@@ -131,7 +130,7 @@ pub async fn run(client: Client, policy: &PolicyConfig, namespace: Option<&str>)
 
 /// The report for one secret and its worker's pods: the live one if any (as rule 5 sees
 /// it), else the one named after the worker.
-pub fn classify(policy: &PolicyConfig, secret: &ObjectMeta, worker: &str, pods: &WorkerPods, now: Timestamp) -> Report {
+pub fn classify(policy: &Settings, secret: &ObjectMeta, worker: &str, pods: &WorkerPods, now: Timestamp) -> Report {
     let age = secret_age(secret, now);
     let live = pods.live();
     let shown = live.or(pods.namesake.as_ref());
@@ -252,7 +251,7 @@ mod tests {
     use super::*;
     use crate::{
         fixtures::{policy, worker_pod},
-        pod::PodState,
+        rules::worker::pod::PodState,
     };
 
     fn secret(labels: &[(&str, &str)], owner_uid: Option<&str>) -> ObjectMeta {

@@ -6,8 +6,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
-    config::{Config, Limits, Mode, PolicyConfig},
-    lease::LeaseConfig,
+    cluster::lease::LeaseConfig,
+    config::{Config, Limits},
+    observe::telemetry::LogFormat,
+    rules::{self, Mode},
 };
 
 /// `--version`: the release and the commit it was built from (build.rs).
@@ -103,8 +105,8 @@ pub struct ServeArgs {
     /// `defer` accepts it and keeps the object (a finalizer) until no pod does; `refuse`
     /// denies it. The opt-in label's value `defer` or `refuse` picks one for its object or
     /// namespace.
-    #[arg(long, env = "CDS_GUARD_IN_USE_MODE", value_enum, default_value_t = crate::in_use::Mode::Defer)]
-    pub in_use_mode: crate::in_use::Mode,
+    #[arg(long, env = "CDS_GUARD_IN_USE_MODE", value_enum, default_value_t = crate::rules::in_use::Mode::Defer)]
+    pub in_use_mode: crate::rules::in_use::Mode,
 
     /// `enforce` denies; `warn` allows but returns the reasons as warnings.
     #[arg(long, env = "CDS_GUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
@@ -311,15 +313,6 @@ pub enum OutputFormat {
     Json,
 }
 
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// One JSON object per line (the default: audit lines are meant for machines).
-    Json,
-    /// Human-readable text.
-    Text,
-}
-
 /// Flags of `certs`.
 #[derive(Debug, Args)]
 pub struct CertsArgs {
@@ -406,17 +399,12 @@ impl Cli {
 
 impl SecretArgs {
     /// A policy with these secrets and the defaults of `serve` for everything else.
-    pub fn policy(&self) -> PolicyConfig {
-        PolicyConfig {
+    pub fn policy(&self) -> rules::worker::Settings {
+        rules::worker::Settings {
             grace_period: Duration::from_secs(600),
-            lookup_timeout: Duration::from_secs(2),
             secret_prefixes: self.secret_prefixes.clone(),
             worker_label: self.worker_label.clone(),
             hatchery_label: self.hatchery_label.clone(),
-            exempt_users: Vec::new(),
-            exempt_groups: Vec::new(),
-            namespaces: Vec::new(),
-            mode: Mode::Enforce,
         }
     }
 }
@@ -425,8 +413,8 @@ impl SecretArgs {
 
 impl RenewalArgs {
     /// The renewal settings, if renewal is asked for.
-    pub fn settings(self) -> Option<crate::renewal::Settings> {
-        Some(crate::renewal::Settings {
+    pub fn settings(self) -> Option<crate::certs::renewal::Settings> {
+        Some(crate::certs::renewal::Settings {
             secret: self.certificate_secret?,
             namespace: self.certificate_namespace,
             webhook_configuration: self.webhook_configuration,
@@ -487,16 +475,18 @@ impl ServeArgs {
                 drain_delay: self.drain_delay,
                 ..Limits::default()
             },
-            policy: PolicyConfig {
-                grace_period: self.grace_period,
+            rules: rules::Settings {
                 lookup_timeout: self.lookup_timeout,
-                secret_prefixes: self.secrets.secret_prefixes,
-                worker_label: self.secrets.worker_label,
-                hatchery_label: self.secrets.hatchery_label,
                 exempt_users: non_empty(self.scope.exempt_users),
                 exempt_groups: non_empty(self.scope.exempt_groups),
                 namespaces: non_empty(self.scope.namespaces),
                 mode: self.mode,
+            },
+            worker: rules::worker::Settings {
+                grace_period: self.grace_period,
+                secret_prefixes: self.secrets.secret_prefixes,
+                worker_label: self.secrets.worker_label,
+                hatchery_label: self.secrets.hatchery_label,
             },
             lease: self.lease.config(),
             in_use_protection: self.in_use_protection,
@@ -540,13 +530,13 @@ mod tests {
             panic!("not serve")
         };
         let config = args.into_config();
-        assert_eq!(config.policy.grace_period, Duration::from_secs(600));
+        assert_eq!(config.worker.grace_period, Duration::from_secs(600));
         assert_eq!(
-            config.policy.secret_prefixes,
+            config.worker.secret_prefixes,
             ["cds-worker-config-", "cds-worker-registry-"]
         );
-        assert_eq!(config.policy.worker_label, "CDS_WORKER_NAME");
-        assert_eq!(config.policy.mode, Mode::Enforce);
+        assert_eq!(config.worker.worker_label, "CDS_WORKER_NAME");
+        assert_eq!(config.rules.mode, Mode::Enforce);
         assert!(config.request_timeout < Duration::from_secs(5));
     }
 
@@ -571,10 +561,10 @@ mod tests {
             panic!("not serve")
         };
         let config = args.into_config();
-        assert_eq!(config.policy.grace_period, Duration::from_secs(90));
-        assert_eq!(config.policy.secret_prefixes, ["a-", "b-"]);
-        assert_eq!(config.policy.exempt_groups, ["ops"]);
-        assert_eq!(config.policy.mode, Mode::Warn);
+        assert_eq!(config.worker.grace_period, Duration::from_secs(90));
+        assert_eq!(config.worker.secret_prefixes, ["a-", "b-"]);
+        assert_eq!(config.rules.exempt_groups, ["ops"]);
+        assert_eq!(config.rules.mode, Mode::Warn);
     }
 
     #[test]
@@ -583,7 +573,7 @@ mod tests {
         let Command::Serve(args) = cli.command else {
             panic!("not serve")
         };
-        assert!(args.into_config().policy.exempt_users.is_empty());
+        assert!(args.into_config().rules.exempt_users.is_empty());
     }
 
     #[test]

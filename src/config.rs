@@ -16,7 +16,7 @@ pub struct Config {
     /// How often the certificate files are checked for changes.
     pub tls_reload_interval: Duration,
     /// Certificates renewed by the guard itself, instead of the files.
-    pub renewal: Option<crate::renewal::Settings>,
+    pub renewal: Option<crate::certs::renewal::Settings>,
     /// Deadline of one admission request, from its first byte to its answer.
     pub request_timeout: Duration,
     /// Deadline of a pod CREATE review (the pod webhook waits 2 s at most).
@@ -27,16 +27,18 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// How the admission server bounds what clients may hold.
     pub limits: Limits,
-    /// The admission policy.
-    pub policy: PolicyConfig,
+    /// What every rule set shares: exemptions, scope, mode, lookup deadline.
+    pub rules: crate::rules::Settings,
+    /// The worker-secret rules' own settings.
+    pub worker: crate::rules::worker::Settings,
     /// The Lease that elects the one replica doing the adoption work; without one, every
     /// replica does it.
-    pub lease: Option<crate::lease::LeaseConfig>,
+    pub lease: Option<crate::cluster::lease::LeaseConfig>,
     /// Whether `/validate-in-use` decides (in-use protection of opted-in Secrets and
     /// ConfigMaps); off, it denies what reaches it, saying so.
     pub in_use_protection: bool,
     /// What the delete of an object opted in with `enabled` gets while pods use it.
-    pub in_use_mode: crate::in_use::Mode,
+    pub in_use_mode: crate::rules::in_use::Mode,
 }
 
 /// What any client of the admission port may hold at once. Memory under abuse is bounded
@@ -65,38 +67,6 @@ pub struct Limits {
     pub drain_delay: Duration,
 }
 
-/// What the admission rules depend on.
-#[derive(Debug, Clone)]
-pub struct PolicyConfig {
-    /// A worker secret younger than this is never deleted.
-    pub grace_period: Duration,
-    /// Deadline of the apiserver reads behind one decision.
-    pub lookup_timeout: Duration,
-    /// Name prefixes of protected secrets.
-    pub secret_prefixes: Vec<String>,
-    /// Label naming the worker.
-    pub worker_label: String,
-    /// Label naming the hatchery.
-    pub hatchery_label: String,
-    /// Users whose deletes are not checked.
-    pub exempt_users: Vec<String>,
-    /// Groups whose deletes are not checked.
-    pub exempt_groups: Vec<String>,
-    /// The namespaces the guard watches and protects; empty means all.
-    pub namespaces: Vec<String>,
-    /// Enforce or only warn.
-    pub mode: Mode,
-}
-
-/// Whether denials are enforced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// Deny what the rules deny.
-    Enforce,
-    /// Allow everything, but return the denials as warnings and audit annotations.
-    Warn,
-}
-
 // === impl Limits ===
 
 impl Default for Limits {
@@ -119,15 +89,8 @@ impl Default for Limits {
 impl Config {
     /// Checks what the flags cannot check one by one.
     pub fn validate(&self) -> crate::Result<()> {
-        self.lease.as_ref().map_or(Ok(()), crate::lease::LeaseConfig::validate)
-    }
-}
-
-// === impl PolicyConfig ===
-
-impl PolicyConfig {
-    /// Whether the guard protects secrets in `namespace`.
-    pub fn watches(&self, namespace: &str) -> bool {
-        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+        self.lease
+            .as_ref()
+            .map_or(Ok(()), crate::cluster::lease::LeaseConfig::validate)
     }
 }

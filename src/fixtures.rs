@@ -6,16 +6,29 @@ use k8s_openapi::api::core::v1::{
     VolumeProjection,
 };
 
-use crate::{config::PolicyConfig, pod::WorkerPod};
+use crate::rules::{
+    self,
+    worker::{Settings, pod::WorkerPod},
+};
 
-/// The default policy of `serve`, as its flags make it.
-pub fn policy() -> PolicyConfig {
+/// The configuration of `serve`, as its default flags make it.
+fn serve_defaults() -> crate::Config {
     use clap::Parser;
     let cli = crate::cli::Cli::parse_from(["cds-secret-guard", "serve"]);
     let crate::cli::Command::Serve(args) = cli.command else {
         unreachable!("parsed serve")
     };
-    args.into_config().policy
+    args.into_config()
+}
+
+/// The worker rules' settings of `serve` by default.
+pub fn policy() -> Settings {
+    serve_defaults().worker
+}
+
+/// The shared settings of `serve` by default.
+pub fn shared() -> rules::Settings {
+    serve_defaults().rules
 }
 
 /// A pod under construction.

@@ -2,53 +2,30 @@
 //! configuration secret alive for as long as its pod may still need it.
 //!
 //! The library holds everything testable; `main.rs` only parses flags and calls in.
-//! One module per concern:
+//! ARCHITECTURE.md maps the folders; from the top down:
 //!
-//! - [`cli`]: flags and environment variables, turned into a [`config::Config`];
-//! - [`server`]: the server's life: TLS accept loop, connection bounds, drain;
-//! - [`api`]: the admission and probe routes, their handlers and the services they call;
-//! - [`admission`]: decoding AdmissionReviews and encoding responses;
-//! - [`policy`]: the secret-DELETE rules (pure, apart from the lookups they ask for);
-//! - [`mutation`]: the pod-CREATE patch (pure);
-//! - [`in_use`]: the DELETE rules of opted-in Secrets and ConfigMaps (in-use protection);
-//! - [`pod`]: what the guard reads of a pod, decoded into lean types, and the state the
-//!   decisions need of it;
-//! - [`references`]: the Secrets and ConfigMaps a pod names, as Kubernetes counts them;
-//! - [`lookup`]: quorum reads of pods and secrets from the apiserver;
-//! - [`pod_cache`]: the reconciler's pod watches as the decisions' cache, and when it
-//!   may stand in for a quorum read ([`revision`]);
-//! - [`namespaces`]: a watch of the namespaces, which lets a denial stand without a read;
-//! - [`owner_refs`]: the reconciler that makes worker secrets owned by their pods;
-//! - [`lease`]: the Lease that elects the one replica doing that work;
-//! - [`audit`], [`events`], [`metrics`], [`telemetry`]: what operators see;
-//! - [`tls`], [`certs`], [`webhooks`]: serving certificates and registration;
-//! - [`renewal`]: certificates the guard makes, publishes and rotates itself;
-//! - [`check`]: the report on protected secrets in a running system.
+//! - [`cli`], [`check`], [`webhooks`]: the commands, their flags and what they print;
+//! - [`server`]: what runs, wired from the [`config::Config`], and the transport: TLS,
+//!   connection bounds, probes, drain;
+//! - [`api`]: the admission routes, the AdmissionReview codec and the one tail every
+//!   decision goes through: audit line, Event, metric, answer;
+//! - [`rules`]: the rule sets, [`rules::worker`] (CDS worker secrets) and
+//!   [`rules::in_use`] (in-use protection), with what they share;
+//! - [`certs`]: development certificates, the serving certificate's reload, and the
+//!   certificates the guard makes and rotates itself;
+//! - [`cluster`]: what every rule set reads of the cluster: references, revisions,
+//!   namespaces, the Lease;
+//! - [`observe`]: metrics, Events, the log.
 
-pub mod admission;
 pub mod api;
-pub mod audit;
 pub mod certs;
 pub mod check;
 pub mod cli;
+pub mod cluster;
 pub mod config;
-pub mod events;
-pub mod in_use;
-pub mod lease;
-pub mod lookup;
-pub mod metrics;
-pub mod mutation;
-pub mod namespaces;
-pub mod owner_refs;
-pub mod pod;
-pub mod pod_cache;
-pub mod policy;
-pub mod references;
-pub mod renewal;
-pub mod revision;
+pub mod observe;
+pub mod rules;
 pub mod server;
-pub mod telemetry;
-pub mod tls;
 pub mod webhooks;
 
 #[cfg(test)]

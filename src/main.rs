@@ -6,8 +6,9 @@ use anyhow::Context;
 use cds_secret_guard::{
     Server, certs, check,
     cli::{Cli, Command, OutputFormat},
-    in_use::finalizer,
-    telemetry, webhooks,
+    observe::telemetry,
+    rules::in_use::finalizer,
+    webhooks,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -60,7 +61,7 @@ async fn main() -> anyhow::Result<ExitCode> {
                 1 => "1 object".to_owned(),
                 n => format!("{n} objects"),
             };
-            println!("{count} released from {}", cds_secret_guard::in_use::FINALIZER);
+            println!("{count} released from {}", cds_secret_guard::rules::in_use::FINALIZER);
         }
         Command::Check(args) => {
             let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())

@@ -21,7 +21,7 @@ use k8s_openapi::{
 use crate::{
     Error, Result,
     cli::{WebhooksArgs, non_empty},
-    in_use::{FINALIZER, OPT_IN_LABEL, OPT_IN_VALUES, ROOT_CA},
+    rules::in_use::{FINALIZER, OPT_IN_LABEL, OPT_IN_VALUES, ROOT_CA},
 };
 
 /// Name of both configurations.

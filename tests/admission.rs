@@ -9,10 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use axum::http::StatusCode;
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
-use cds_secret_guard::{
-    Server,
-    config::{Limits, Mode},
-};
+use cds_secret_guard::{Server, config::Limits, rules::Mode};
 use common::*;
 use rstest::rstest;
 use serde_json::{Value, json};
@@ -20,7 +17,7 @@ use serde_json::{Value, json};
 const YOUNG: Duration = Duration::from_secs(12);
 const OLD: Duration = Duration::from_secs(3600);
 
-fn server(cluster: Arc<FakeCluster>, policy: cds_secret_guard::config::PolicyConfig) -> Server {
+fn server(cluster: Arc<FakeCluster>, policy: Policy) -> Server {
     Server::new(config(policy, std::path::Path::new("/nonexistent")), cluster)
 }
 
@@ -43,11 +40,8 @@ fn terminating(mut pod: FakePod) -> FakePod {
     pod
 }
 
-fn exempt_group_policy() -> cds_secret_guard::config::PolicyConfig {
-    cds_secret_guard::config::PolicyConfig {
-        exempt_groups: vec!["cds-admins".into()],
-        ..policy()
-    }
+fn exempt_group_policy() -> Policy {
+    policy().with(|p| p.rules.exempt_groups = vec!["cds-admins".into()])
 }
 
 struct Expect {
@@ -154,7 +148,7 @@ const fn deny(reason: &'static str, message: &'static str) -> Expect {
 )]
 #[case::slow_lookup_fails_closed(
     secret_delete(OLD),
-    FakeCluster::slow(Duration::from_secs(30)), cds_secret_guard::config::PolicyConfig { lookup_timeout: Duration::from_millis(200), ..policy() },
+    FakeCluster::slow(Duration::from_secs(30)), policy().with(|p| p.rules.lookup_timeout = Duration::from_millis(200)),
     deny("lookup-failed", "did not answer within 200ms"))]
 #[case::per_item_delete_of_a_deletecollection(
     set(secret_delete(YOUNG), "/request/name", json!("")),
@@ -163,7 +157,7 @@ const fn deny(reason: &'static str, message: &'static str) -> Expect {
 async fn secret_delete_rules(
     #[case] review: Value,
     #[case] cluster: FakeCluster,
-    #[case] policy: cds_secret_guard::config::PolicyConfig,
+    #[case] policy: Policy,
     #[case] expect: Expect,
 ) {
     let cluster = Arc::new(cluster);
@@ -260,10 +254,7 @@ async fn delete_without_old_object(#[case] stored: Option<Value>, #[case] failin
 async fn warn_mode_allows_with_the_same_reasons() {
     let server = server(
         Arc::new(FakeCluster::default()),
-        cds_secret_guard::config::PolicyConfig {
-            mode: Mode::Warn,
-            ..policy()
-        },
+        policy().with(|p| p.rules.mode = Mode::Warn),
     );
 
     let (status, answer) = post(&server.router(), "/validate", secret_delete(YOUNG).to_string()).await;
@@ -522,10 +513,7 @@ async fn a_denial_in_a_terminating_namespace_is_an_allow() {
 #[tokio::test]
 async fn a_namespace_that_is_not_watched_is_not_judged() {
     let cluster = Arc::new(FakeCluster::failing());
-    let scoped = cds_secret_guard::config::PolicyConfig {
-        namespaces: vec!["ci".into()],
-        ..policy()
-    };
+    let scoped = policy().with(|p| p.rules.namespaces = vec!["ci".into()]);
     let server = server(cluster.clone(), scoped);
 
     let (_, answer) = post(&server.router(), "/validate", secret_delete(YOUNG).to_string()).await;
@@ -576,10 +564,7 @@ async fn slow_secret_reads_leave_only_the_hatchery_label_out() {
 #[case::warn(Mode::Warn, "warn")]
 #[tokio::test]
 async fn every_decision_is_exported_at_zero_before_the_first(#[case] mode: Mode, #[case] refused: &str) {
-    let server = server(
-        Arc::new(FakeCluster::default()),
-        cds_secret_guard::config::PolicyConfig { mode, ..policy() },
-    );
+    let server = server(Arc::new(FakeCluster::default()), policy().with(|p| p.rules.mode = mode));
 
     let (_, metrics) = get_text(&server.probe_router(), "/metrics").await;
 

@@ -8,11 +8,7 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use axum::http::StatusCode;
-use cds_secret_guard::{
-    Server,
-    config::{Config, Mode},
-    in_use::Dependent,
-};
+use cds_secret_guard::{Server, config::Config, rules::Mode, rules::in_use::Dependent};
 use common::{in_use::*, *};
 use serde_json::json;
 
@@ -116,7 +112,7 @@ async fn reads_past_the_lookup_timeout_deny() {
         ..Pods::default()
     };
     let mut config = in_use_config(Mode::Enforce);
-    config.policy.lookup_timeout = Duration::from_millis(100);
+    config.rules.lookup_timeout = Duration::from_millis(100);
     let server = server(config, pods);
     let (_, answer) = post(&server.router(), "/validate-in-use", configmap_delete().to_string()).await;
     let response = &answer["response"];
@@ -186,7 +182,7 @@ async fn in_defer_a_held_object_goes_through_with_a_warning_and_no_read() {
         delay: Some(Duration::from_secs(30)),
     };
     let mut config = in_use_config(Mode::Enforce);
-    config.policy.lookup_timeout = Duration::from_millis(100);
+    config.rules.lookup_timeout = Duration::from_millis(100);
     let guard = server(config, pods);
     let held = set(
         configmap_delete(),

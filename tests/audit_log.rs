@@ -168,7 +168,7 @@ async fn an_in_use_decision_names_the_object_and_its_pods_never_its_data() {
         users: vec![user("web-1"), user("web-0")],
         ..Pods::default()
     };
-    let server = server(in_use_config(cds_secret_guard::config::Mode::Enforce), pods);
+    let server = server(in_use_config(cds_secret_guard::rules::Mode::Enforce), pods);
     let router = server.router();
 
     let (_, logs) = capture_logs(async {

@@ -15,10 +15,10 @@ use std::{
 };
 
 use cds_secret_guard::{
-    in_use::{self, InUseLookup, KubeInUse, ObjectDelete, Reason, Verdict},
-    metrics::Metrics,
-    namespaces::NamespaceCache,
-    references::Kind,
+    cluster::namespaces::NamespaceCache,
+    cluster::references::Kind,
+    observe::metrics::Metrics,
+    rules::in_use::{self, InUseLookup, KubeInUse, ObjectDelete, Reason, Verdict},
 };
 use harness::*;
 use k8s_openapi::api::{

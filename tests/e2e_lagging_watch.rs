@@ -2,7 +2,7 @@
 //! secret of a pod just created is let go on the watch's word.
 //!
 //! The guard answers a worker's label from its pod watch once the watch has caught up
-//! with a revision read by quorum after the request (the revision gate, `src/pod_cache.rs`).
+//! with a revision read by quorum after the request (the revision gate, `src/rules/worker/watch.rs`).
 //! Here every byte the apiserver sends the guard goes through toxiproxy (from
 //! `tests/tools/build.sh`) with a latency toxic whose jitter differs chunk by chunk. A
 //! response to one read waits for one draw of the delay; the watch, a stream of many

@@ -245,3 +245,38 @@ fn cycle(graph: &Graph) -> Option<Vec<String>> {
         .keys()
         .find_map(|module| visit(graph, module, &mut marks, &mut Vec::new()))
 }
+
+/// ARCHITECTURE.md maps the tree: every folder of `src/` it names exists, and it names
+/// every folder at the top of `src/` and under `src/rules/`.
+#[test]
+fn the_architecture_page_names_every_folder_and_only_folders_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md at the root");
+    let named: BTreeSet<&str> = page
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|code| code.starts_with("src/") && code.ends_with('/'))
+        .collect();
+    assert!(named.len() >= 5, "no folder of src/ named: {named:?}");
+    for folder in &named {
+        assert!(
+            root.join(folder).is_dir(),
+            "ARCHITECTURE.md names {folder}, which does not exist"
+        );
+    }
+    for parent in ["src", "src/rules"] {
+        let entries = fs::read_dir(root.join(parent)).unwrap_or_else(|error| panic!("{parent}: {error}"));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                let name = path.file_name().and_then(|name| name.to_str()).expect("a UTF-8 name");
+                let folder = format!("{parent}/{name}/");
+                assert!(
+                    named.contains(folder.as_str()),
+                    "ARCHITECTURE.md does not name {folder}"
+                );
+            }
+        }
+    }
+}

@@ -37,8 +37,8 @@ use std::{
 
 use async_trait::async_trait;
 use cds_secret_guard::{
-    in_use::{self, Dependent, InUseLookup, ObjectDelete, UserIndex},
-    references::Kind,
+    cluster::references::Kind,
+    rules::in_use::{self, Dependent, InUseLookup, ObjectDelete, UserIndex},
 };
 use k8s_openapi::{
     api::core::v1::Pod as KubePod,

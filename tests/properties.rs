@@ -15,11 +15,11 @@ use async_trait::async_trait;
 use cds_secret_guard::{
     Error, Result,
     cli::{Cli, Command},
-    config::PolicyConfig,
-    lookup::ClusterLookup,
-    mutation::{self, PROTECTED_SECRETS_ANNOTATION},
-    pod::{PodState, WorkerPod},
-    policy::{self, Reason, SecretDelete, Verdict, is_label_value, is_object_name},
+    rules,
+    rules::worker::mutation::{self, PROTECTED_SECRETS_ANNOTATION},
+    rules::worker::pod::{PodState, WorkerPod},
+    rules::worker::reads::ClusterLookup,
+    rules::worker::{self, Reason, SecretDelete, Verdict, is_label_value, is_object_name},
 };
 use k8s_openapi::{
     api::core::v1::{
@@ -36,16 +36,23 @@ const WORKER_LABEL: &str = "CDS_WORKER_NAME";
 const HATCHERY_LABEL: &str = "CDS_HATCHERY_NAME";
 const NAMESPACE_CONTROLLER: &str = "system:serviceaccount:kube-system:namespace-controller";
 
-/// `serve`'s policy as its flags make it, exempting the group `cds-admins` too.
-fn policy() -> PolicyConfig {
+/// `serve`'s settings as its flags make them, exempting the group `cds-admins` too.
+fn settings() -> (rules::Settings, worker::Settings) {
     use clap::Parser;
     let Command::Serve(args) = Cli::parse_from(["cds-secret-guard", "serve"]).command else {
         unreachable!("parsed serve")
     };
-    PolicyConfig {
+    let config = args.into_config();
+    let shared = rules::Settings {
         exempt_groups: vec!["cds-admins".to_owned()],
-        ..args.into_config().policy
-    }
+        ..config.rules
+    };
+    (shared, config.worker)
+}
+
+/// The worker rules' settings of `serve`.
+fn policy() -> worker::Settings {
+    settings().1
 }
 
 // === Generators ===
@@ -218,8 +225,8 @@ fn pod() -> impl Strategy<Value = (Pod, Vec<String>)> {
 }
 
 /// The policy, sometimes with a worker label that needs escaping in a JSON pointer.
-fn mutation_policy() -> impl Strategy<Value = PolicyConfig> {
-    any::<bool>().prop_map(|escaped| PolicyConfig {
+fn mutation_policy() -> impl Strategy<Value = worker::Settings> {
+    any::<bool>().prop_map(|escaped| worker::Settings {
         worker_label: if escaped { "cds.ovh/worker~name" } else { WORKER_LABEL }.to_owned(),
         ..policy()
     })
@@ -248,7 +255,7 @@ fn apply(pod: &Pod, patch: &json_patch::Patch) -> std::result::Result<Pod, Strin
 
 /// The protected secrets among `references`, by the documented rule: a configured
 /// prefix followed by a non-empty worker name.
-fn protected(config: &PolicyConfig, references: &[String]) -> BTreeSet<String> {
+fn protected(config: &worker::Settings, references: &[String]) -> BTreeSet<String> {
     references
         .iter()
         .filter(|name| {
@@ -389,7 +396,8 @@ impl ClusterLookup for Cluster {
 /// One generated delete: the policy, the request, the cluster, and the clock.
 #[derive(Debug)]
 struct Case {
-    config: PolicyConfig,
+    shared: rules::Settings,
+    config: worker::Settings,
     namespace: &'static str,
     name: String,
     secret: Option<ObjectMeta>,
@@ -449,7 +457,7 @@ fn secret_meta(now: Timestamp, grace: Duration) -> impl Strategy<Value = ObjectM
 
 fn case() -> impl Strategy<Value = Case> {
     let now = Timestamp::from_second(1_790_000_000).unwrap();
-    let base = policy();
+    let (shared, base) = settings();
     let grace = base.grace_period;
     let scope = prop_oneof![3 => Just(Vec::new()), 1 => Just(vec!["cds".to_owned()])];
     let namespace = prop_oneof![5 => Just("cds"), 1 => Just("other")];
@@ -503,10 +511,11 @@ fn case() -> impl Strategy<Value = Case> {
                     cluster.pods.entry(pod.name.clone()).or_insert(pod);
                 }
                 Case {
-                    config: PolicyConfig {
+                    shared: rules::Settings {
                         namespaces: scope,
-                        ..base.clone()
+                        ..shared.clone()
                     },
+                    config: base.clone(),
                     namespace,
                     name,
                     secret: sent,
@@ -528,7 +537,13 @@ impl Case {
             username: self.username,
             groups: &self.groups,
         };
-        futures::executor::block_on(policy::decide(&self.config, &request, &self.cluster, self.now))
+        futures::executor::block_on(worker::decide(
+            &self.shared,
+            &self.config,
+            &request,
+            &self.cluster,
+            self.now,
+        ))
     }
 
     /// The worker of a secret, by the documented rule: its worker label when not empty,
@@ -555,7 +570,7 @@ impl Case {
     }
 
     fn watched(&self) -> bool {
-        self.config.namespaces.is_empty() || self.config.namespaces.iter().any(|n| n == self.namespace)
+        self.shared.namespaces.is_empty() || self.shared.namespaces.iter().any(|n| n == self.namespace)
     }
 
     /// A live pod of `worker`: named after it, labelled with it, or a live owner of `secret`.
@@ -668,12 +683,12 @@ fn check(case: &Case) -> std::result::Result<Reason, TestCaseError> {
     if let Some(pod) = case.live_pod(&worker, secret) {
         prop_assert!(!allowed, "allowed while {:?} is live: {:?}", pod, verdict);
     }
-    let young = policy::secret_age(secret, case.now) < case.config.grace_period;
+    let young = worker::secret_age(secret, case.now) < case.config.grace_period;
     if young && reason != Reason::OwnerGone {
         prop_assert!(!allowed, "allowed a young secret's delete: {:?}", verdict);
     }
     if reason == Reason::OwnerGone {
-        let owners: Vec<_> = policy::pod_owners(secret).collect();
+        let owners: Vec<_> = worker::pod_owners(secret).collect();
         prop_assert!(!owners.is_empty());
         for owner in owners {
             let pod = case.cluster.pods.get(&owner.name);

@@ -16,7 +16,7 @@ use std::{
 
 use cds_secret_guard::{
     Server, certs,
-    lookup::{ClusterLookup, KubeLookup},
+    rules::worker::reads::{ClusterLookup, KubeLookup},
     server::Bound,
 };
 use common::*;
@@ -314,10 +314,7 @@ async fn real_client_fails_closed_against_an_unreachable_apiserver() {
         let client = kube::Client::try_from(kube::Config::new(apiserver)).unwrap();
         let server = Server::new(
             config(
-                cds_secret_guard::config::PolicyConfig {
-                    lookup_timeout: Duration::from_millis(500),
-                    ..policy()
-                },
+                policy().with(|p| p.rules.lookup_timeout = Duration::from_millis(500)),
                 Path::new("/none"),
             ),
             Arc::new(KubeLookup::new(client)),

@@ -12,9 +12,10 @@ use tracing::{Instrument, Span};
 
 use super::{AppState, service};
 use crate::{
-    admission::{self, Answer, InUseObject, RequestDeadline, ReviewBody, ReviewRequest, SecretObject, is_for, reply},
-    pod::PodObject,
-    references::Kind,
+    api::review::{self, Answer, RequestDeadline, ReviewBody, ReviewRequest, is_for, reply},
+    cluster::references::Kind,
+    rules::worker::pod::PodObject,
+    rules::{in_use::InUseObject, worker::SecretObject},
 };
 
 /// `/readyz`: 200 while serving a certificate the webhooks trust, 503 before, without
@@ -51,7 +52,7 @@ pub async fn validate(
     Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
     ReviewBody(body): ReviewBody,
 ) -> Response {
-    let request = match admission::decode::<SecretObject>(&body) {
+    let request = match review::decode::<SecretObject>(&body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
@@ -75,7 +76,7 @@ pub async fn validate_in_use(
     Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
     ReviewBody(body): ReviewBody,
 ) -> Response {
-    let request = match admission::decode::<InUseObject>(&body) {
+    let request = match review::decode::<InUseObject>(&body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
@@ -106,7 +107,7 @@ pub async fn mutate(
     Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
     ReviewBody(body): ReviewBody,
 ) -> Response {
-    let request = match admission::decode::<PodObject>(&body) {
+    let request = match review::decode::<PodObject>(&body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };

@@ -11,23 +11,26 @@ use tokio::time::Instant;
 
 use super::AppState;
 use crate::{
-    admission::{Answer, InUseObject, ReviewRequest, SecretObject},
-    audit::{self, Requester, Who},
-    config::Mode,
-    events,
-    in_use::{self, ObjectDelete},
-    lookup::{ClusterLookup, Deadline},
-    metrics::{DecisionLabels, IN_USE_RULES, WORKER_RULES},
-    mutation,
-    pod::PodObject,
-    policy::{self, Reason, SecretDelete, Verdict},
-    references::Kind,
+    api::audit::{self, Requester, Who},
+    api::review::{Answer, ReviewRequest},
+    cluster::references::Kind,
+    observe::events,
+    observe::metrics::{DecisionLabels, IN_USE_RULES, WORKER_RULES},
+    rules::worker::mutation,
+    rules::worker::pod::PodObject,
+    rules::worker::reads::{ClusterLookup, Deadline},
+    rules::worker::{self, Reason, SecretDelete, Verdict},
+    rules::{
+        self,
+        in_use::{self, ObjectDelete},
+    },
+    rules::{in_use::InUseObject, worker::SecretObject},
 };
 
 /// Every decision the services count, for `admission_decisions_total` to start at 0: a
 /// delete's reason with the outcome it has in `mode`, and the pod mutation's outcomes.
-pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
-    let enforced = mode == Mode::Enforce;
+pub fn possible_decisions(mode: rules::Mode) -> impl Iterator<Item = DecisionLabels> {
+    let enforced = mode == rules::Mode::Enforce;
     let deletes = Reason::ALL.into_iter().map(move |reason| DecisionLabels {
         rules: WORKER_RULES,
         operation: "DELETE",
@@ -49,8 +52,8 @@ pub fn possible_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
 }
 
 /// Every decision in-use protection counts, each reason with the outcome it has in `mode`.
-pub fn possible_in_use_decisions(mode: Mode) -> impl Iterator<Item = DecisionLabels> {
-    let enforced = mode == Mode::Enforce;
+pub fn possible_in_use_decisions(mode: rules::Mode) -> impl Iterator<Item = DecisionLabels> {
+    let enforced = mode == rules::Mode::Enforce;
     in_use::Reason::ALL.into_iter().map(move |reason| DecisionLabels {
         rules: IN_USE_RULES,
         operation: "DELETE",
@@ -80,16 +83,16 @@ pub async fn validate_delete<'a>(
         username: request.user_info.username.as_deref(),
         groups: request.user_info.groups.as_deref().unwrap_or_default(),
     };
-    let lookup = Deadline::new(&state.lookup, state.policy.lookup_timeout);
-    let decision = policy::decide(&state.policy, &delete, &lookup, Timestamp::now());
+    let lookup = Deadline::new(&state.lookup, state.rules.lookup_timeout);
+    let decision = worker::decide(&state.rules, &state.worker, &delete, &lookup, Timestamp::now());
     let verdict = match tokio::time::timeout_at(deadline, decision).await {
         Ok(verdict) => verdict,
         Err(_) => {
             let worker = match old_object {
-                Some(secret) => state.policy.worker_of_secret(secret),
-                None => state.policy.worker_of_secret_name(delete.name),
+                Some(secret) => state.worker.worker_of_secret(secret),
+                None => state.worker.worker_of_secret_name(delete.name),
             };
-            let age = old_object.map(|secret| policy::secret_age(secret, Timestamp::now()));
+            let age = old_object.map(|secret| worker::secret_age(secret, Timestamp::now()));
             let message = format!(
                 "cannot decide on secret {} within {:?}; refusing to delete it",
                 delete.name, state.request_timeout
@@ -97,7 +100,7 @@ pub async fn validate_delete<'a>(
             Verdict::deny(Reason::LookupFailed, worker, age, message)
         }
     };
-    let enforced = state.policy.mode == Mode::Enforce;
+    let enforced = state.rules.enforced();
     let requester = Requester {
         uid: &request.uid,
         dry_run: request.dry_run,
@@ -194,19 +197,19 @@ pub async fn validate_in_use_delete<'a>(
         namespace,
         name: object_name(&request.name, object),
         object,
-        exempt: state.policy.is_exempt(who.username, who.groups),
+        exempt: state.rules.is_exempt(who.username, who.groups),
         mode,
     };
     let verdict = match &state.in_use {
         Some(lookup) => {
-            let deadline = deadline.min(Instant::now() + state.policy.lookup_timeout);
+            let deadline = deadline.min(Instant::now() + state.rules.lookup_timeout);
             match tokio::time::timeout_at(deadline, in_use::decide(&delete, lookup.as_ref())).await {
                 Ok(verdict) => verdict,
                 Err(_) => in_use::Verdict::deny(
                     in_use::Reason::LookupFailed,
                     format!(
                         "cannot verify within {:?} that no pod uses {} {}; refusing to delete it",
-                        state.policy.lookup_timeout,
+                        state.rules.lookup_timeout,
                         kind.as_str().to_lowercase(),
                         delete.name
                     ),
@@ -220,7 +223,7 @@ pub async fn validate_in_use_delete<'a>(
                 .to_owned(),
         ),
     };
-    let enforced = state.policy.mode == Mode::Enforce;
+    let enforced = state.rules.enforced();
     let requester = Requester {
         uid: &request.uid,
         dry_run: request.dry_run,
@@ -274,7 +277,7 @@ pub async fn mutate_pod(
         tracing::warn!("pod create without an object, allowed unpatched");
         return None;
     };
-    let policy = &state.policy;
+    let policy = &state.worker;
     let facts = pod.facts();
     let (secrets, worker) = mutation::protected_secrets(policy, facts.secrets.iter().copied());
     if secrets.is_empty() {
@@ -324,7 +327,7 @@ async fn hatchery_of(
             Ok(Some(meta)) => {
                 let label = meta
                     .labels
-                    .and_then(|mut labels| labels.remove(&state.policy.hatchery_label));
+                    .and_then(|mut labels| labels.remove(&state.worker.hatchery_label));
                 if found.is_none() {
                     found = label;
                 }

@@ -9,17 +9,24 @@ use tokio::sync::Semaphore;
 
 use crate::{
     Config,
-    audit::AuditLog,
-    config::{Limits, PolicyConfig},
-    events::Events,
-    in_use::{self, InUseLookup},
-    lookup::{ClusterLookup, Metered},
-    metrics::Metrics,
+    api::audit::AuditLog,
+    config::Limits,
+    observe::events::Events,
+    observe::metrics::Metrics,
+    rules::worker::reads::{ClusterLookup, Metered},
+    rules::{
+        self,
+        in_use::{self, InUseLookup},
+        worker,
+    },
 };
 
 /// The state behind the admission and probe routes.
 pub struct AppState {
-    pub(crate) policy: PolicyConfig,
+    /// What the rule sets share.
+    pub(crate) rules: rules::Settings,
+    /// The worker-secret rules' own settings.
+    pub(crate) worker: worker::Settings,
     /// Quorum reads, timed and counted.
     pub(crate) lookup: Metered,
     /// In-use protection's reads, when it is on (`--in-use-protection`).
@@ -56,12 +63,13 @@ impl AppState {
         metrics: Arc<Metrics>,
         events: Events,
     ) -> Self {
-        metrics.decisions_from_zero(super::service::possible_decisions(config.policy.mode));
+        metrics.decisions_from_zero(super::service::possible_decisions(config.rules.mode));
         if config.in_use_protection {
-            metrics.decisions_from_zero(super::service::possible_in_use_decisions(config.policy.mode));
+            metrics.decisions_from_zero(super::service::possible_in_use_decisions(config.rules.mode));
         }
         Self {
-            policy: config.policy.clone(),
+            rules: config.rules.clone(),
+            worker: config.worker.clone(),
             lookup: Metered::new(lookup, metrics.clone()),
             in_use: config.in_use_protection.then_some(in_use),
             in_use_mode: config.in_use_mode,

@@ -5,9 +5,10 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use cds_secret_guard::{
     Error, Result, Server,
-    config::{Config, Mode, PolicyConfig},
-    in_use::{Dependent, FORCE_ANNOTATION, InUseLookup},
-    references::Kind,
+    cluster::references::Kind,
+    config::Config,
+    rules::Mode,
+    rules::in_use::{Dependent, FORCE_ANNOTATION, InUseLookup},
 };
 use serde_json::{Value, json};
 
@@ -51,7 +52,10 @@ pub fn user(name: &str) -> Dependent {
 pub fn in_use_config(mode: Mode) -> Config {
     Config {
         in_use_protection: true,
-        ..config(PolicyConfig { mode, ..policy() }, std::path::Path::new("/nonexistent"))
+        ..config(
+            policy().with(|p| p.rules.mode = mode),
+            std::path::Path::new("/nonexistent"),
+        )
     }
 }
 

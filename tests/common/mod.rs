@@ -15,9 +15,10 @@ use axum::{
 };
 use cds_secret_guard::{
     Config, Error, Result,
-    config::{Limits, PolicyConfig},
-    lookup::ClusterLookup,
-    pod::PodState,
+    config::Limits,
+    rules::worker::pod::PodState,
+    rules::worker::reads::ClusterLookup,
+    rules::{self, worker},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
@@ -72,18 +73,37 @@ pub fn young_delete() -> Value {
     )
 }
 
+/// The rules' settings: what the rule sets share, and the worker rules' own.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub rules: rules::Settings,
+    pub worker: worker::Settings,
+}
+
+impl Policy {
+    /// This policy, changed by `change`.
+    pub fn with(mut self, change: impl FnOnce(&mut Self)) -> Self {
+        change(&mut self);
+        self
+    }
+}
+
 /// The policy `serve` uses by default, as its flags make it.
-pub fn policy() -> PolicyConfig {
+pub fn policy() -> Policy {
     use clap::Parser;
     let cli = cds_secret_guard::cli::Cli::parse_from(["cds-secret-guard", "serve"]);
     let cds_secret_guard::cli::Command::Serve(args) = cli.command else {
         unreachable!("parsed serve")
     };
-    args.into_config().policy
+    let config = args.into_config();
+    Policy {
+        rules: config.rules,
+        worker: config.worker,
+    }
 }
 
 /// A server configuration on ephemeral loopback ports with the given certificate files.
-pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
+pub fn config(policy: Policy, tls_dir: &Path) -> Config {
     let any_port: SocketAddr = "127.0.0.1:0".parse().unwrap();
     Config {
         listen: any_port,
@@ -100,11 +120,12 @@ pub fn config(policy: PolicyConfig, tls_dir: &Path) -> Config {
             drain_delay: Duration::from_millis(200),
             ..Limits::default()
         },
-        policy,
+        rules: policy.rules,
+        worker: policy.worker,
         lease: None,
         in_use_protection: false,
         // Today's handler tests refuse; the deferred deletes' own say `defer`.
-        in_use_mode: cds_secret_guard::in_use::Mode::Refuse,
+        in_use_mode: cds_secret_guard::rules::in_use::Mode::Refuse,
     }
 }
 

@@ -21,13 +21,14 @@ use axum::{
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use cds_secret_guard::{
     Config, Error, Result, Server,
-    admission::{self, API_VERSION, Answer, ReviewRequest, SecretObject},
+    api::review::{self, API_VERSION, Answer, ReviewRequest},
     cli::{Cli, Command},
-    config::{Mode, PolicyConfig},
-    lookup::ClusterLookup,
-    mutation::PROTECTED_SECRETS_ANNOTATION,
-    pod::{PodObject, PodState},
-    policy,
+    rules::worker,
+    rules::worker::SecretObject,
+    rules::worker::mutation::PROTECTED_SECRETS_ANNOTATION,
+    rules::worker::pod::{PodObject, PodState},
+    rules::worker::reads::ClusterLookup,
+    rules::{self, Mode},
 };
 use json_patch::{Patch, PatchOperation};
 use k8s_openapi::{
@@ -402,7 +403,8 @@ pub struct Harness {
     enforce: Router,
     warn: Router,
     cluster: Arc<ScriptedCluster>,
-    policy: PolicyConfig,
+    shared: rules::Settings,
+    policy: rules::worker::Settings,
 }
 
 /// `serve`'s configuration as its flags make it, watching [`WATCHED`] only and
@@ -413,9 +415,9 @@ pub fn config(mode: Mode) -> Config {
         unreachable!("parsed serve")
     };
     let mut config = args.into_config();
-    config.policy.mode = mode;
-    config.policy.namespaces = WATCHED.map(str::to_owned).to_vec();
-    config.policy.exempt_groups = vec![EXEMPT_GROUP.to_owned()];
+    config.rules.mode = mode;
+    config.rules.namespaces = WATCHED.map(str::to_owned).to_vec();
+    config.rules.exempt_groups = vec![EXEMPT_GROUP.to_owned()];
     config
 }
 
@@ -434,7 +436,7 @@ impl Harness {
             .build()
             .expect("a current-thread runtime must build");
         let enforce = config(Mode::Enforce);
-        let policy = enforce.policy.clone();
+        let (shared, policy) = (enforce.rules.clone(), enforce.worker.clone());
         let cluster = Arc::new(ScriptedCluster {
             scenario: Mutex::default(),
             reads: Mutex::default(),
@@ -451,6 +453,7 @@ impl Harness {
             enforce,
             warn,
             cluster,
+            shared,
             policy,
         }
     }
@@ -489,7 +492,7 @@ impl Harness {
         let response = &answer["response"];
         let allowed = response["allowed"].as_bool().expect("response.allowed is a boolean");
         outcome.allowed = Some(allowed);
-        if !admission::is_for(&request, "Secret", Operation::Delete) {
+        if !review::is_for(&request, "Secret", Operation::Delete) {
             assert!(allowed, "not a secret delete, yet denied: {answer}");
             assert!(reads.is_empty(), "not a secret delete, yet read the cluster: {reads:?}");
             return outcome;
@@ -532,14 +535,14 @@ impl Harness {
     fn check_rules(&self, request: &ReviewRequest<'_, SecretObject>, reads: &[Read], allowed: bool, answer: &Value) {
         let namespace = request.namespace.as_deref().unwrap_or_default();
         let old_object = request.old_object.as_ref().map(|secret| &secret.metadata);
-        let exempt = self.policy.is_exempt(
+        let exempt = self.shared.is_exempt(
             request.user_info.username.as_deref(),
             request.user_info.groups.as_deref().unwrap_or_default(),
         );
         let protected = old_object.and_then(|meta| self.policy.worker_of_secret(meta)).is_some();
 
         // The allow reasons that look at no pod: out of scope, not protected, exempt.
-        if !self.policy.watches(namespace) || (old_object.is_some() && (!protected || exempt)) {
+        if !self.shared.watches(namespace) || (old_object.is_some() && (!protected || exempt)) {
             assert!(allowed, "out of scope, unprotected or exempt, yet denied: {answer}");
             assert!(
                 reads.is_empty(),
@@ -572,7 +575,7 @@ impl Harness {
         let Some(worker) = self.policy.worker_of_secret(secret) else {
             return;
         };
-        let owners: Vec<_> = policy::pod_owners(secret).collect();
+        let owners: Vec<_> = worker::pod_owners(secret).collect();
         let live = reads.iter().find_map(|read| match read {
             Read::Pod {
                 name, pod: Some(pod), ..
@@ -587,7 +590,7 @@ impl Harness {
             "allowed the delete of worker {worker}'s secret while its pod {live:?} is live\n{answer}"
         );
         if owners.is_empty() {
-            let age = policy::secret_age(secret, Timestamp::now());
+            let age = worker::secret_age(secret, Timestamp::now());
             assert!(
                 age >= self.policy.grace_period,
                 "allowed a young secret's delete: {answer}"
@@ -612,7 +615,7 @@ impl Harness {
             "the mutation reads only secrets: {reads:?}"
         );
         match &request.object {
-            Some(_) if admission::is_for(&request, "Pod", Operation::Create) => {}
+            Some(_) if review::is_for(&request, "Pod", Operation::Create) => {}
             _ => {
                 assert!(
                     response["patch"].is_null(),
@@ -692,7 +695,7 @@ fn answered<'a, O: Deserialize<'a>>(
     let shown = || String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned();
     assert!(!status.is_server_error(), "{status} for {}", shown());
     let answer: Value = serde_json::from_slice(bytes).expect("every answer is JSON");
-    match admission::decode::<O>(body) {
+    match review::decode::<O>(body) {
         Ok(request) => {
             assert_eq!(status, StatusCode::OK, "a review got {status}: {answer}\n{}", shown());
             assert_eq!(answer["apiVersion"], API_VERSION, "{answer}");
@@ -749,7 +752,7 @@ fn check_patch(pod: &Value, patch: &Patch) -> Value {
 
 // === Decoding ===
 
-/// `admission::decode` for both endpoints' types on any body: a review's uid is the
+/// `review::decode` for both endpoints' types on any body: a review's uid is the
 /// body's; a review can always be answered; anything else is a 4xx; and whether a JSON
 /// body is a review does not depend on the endpoint.
 ///
@@ -757,8 +760,8 @@ fn check_patch(pod: &Value, patch: &Patch) -> Value {
 /// past 128), serde_json fails only where it buffers a field instead of skipping it, and
 /// the endpoints' types skip different fields: such a body may be a review for one.
 pub fn decode(body: &[u8]) {
-    let secret = admission::decode::<SecretObject>(body);
-    let pod = admission::decode::<PodObject>(body);
+    let secret = review::decode::<SecretObject>(body);
+    let pod = review::decode::<PodObject>(body);
     let json = serde_json::from_slice::<Value>(body).ok();
     match (&secret, &pod, &json) {
         (Ok(secret), Ok(pod), _) => {
@@ -784,10 +787,10 @@ pub fn decode(body: &[u8]) {
 }
 
 /// A review can be answered, with its uid; anything else is a 4xx.
-fn answerable<O>(decoded: std::result::Result<ReviewRequest<'_, O>, admission::ApiError>) {
+fn answerable<O>(decoded: std::result::Result<ReviewRequest<'_, O>, review::ApiError>) {
     match decoded {
         Ok(request) => {
-            let encoded = admission::encode(&Answer::allow(&request.uid)).expect("a response encodes");
+            let encoded = review::encode(&Answer::allow(&request.uid)).expect("a response encodes");
             let review: serde_json::Value = serde_json::from_slice(&encoded).expect("the answer is JSON");
             assert_eq!(review["response"]["uid"], &*request.uid);
         }

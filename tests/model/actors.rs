@@ -49,7 +49,7 @@ use crate::{
     world::{Lag, Owner, Phase, Pod, PodName, PodShape, Secret, SecretId, Set, Slot, Snapshot, Store, Uid, Worker},
 };
 
-/// Attempts at a conflicting PATCH before the reconcile fails (`owner_refs::ATTEMPTS`).
+/// Attempts at a conflicting PATCH before the reconcile fails (`owners::ATTEMPTS`).
 const ATTEMPTS: u8 = 5;
 
 /// The whole state: the store, the clock, each actor's progress, and ghost facts that only

@@ -1,5 +1,5 @@
 //! The product in the model: the guard's validating decision is the real
-//! `policy::decide`, adoption is the real `owner_refs::may_adopt`, and pods are created
+//! `worker::decide`, adoption is the real `owners::may_adopt`, and pods are created
 //! through the real `mutation::mutate`. Each call converts the compact state into the
 //! k8s-openapi values the function takes.
 //!
@@ -20,12 +20,13 @@ use std::{
 
 use async_trait::async_trait;
 use cds_secret_guard::{
-    config::PolicyConfig,
-    lookup::{ClusterLookup, Unavailable},
-    mutation,
-    owner_refs::may_adopt,
-    pod::PodState,
-    policy::{self, SecretDelete, Verdict},
+    rules,
+    rules::Unavailable,
+    rules::worker::mutation,
+    rules::worker::owners::may_adopt,
+    rules::worker::pod::PodState,
+    rules::worker::reads::ClusterLookup,
+    rules::worker::{self, SecretDelete, Verdict},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -145,7 +146,8 @@ fn labelled<'p>(pods: impl Iterator<Item = &'p Option<Pod>>, label: &str, value:
 /// What a decision sees: the guard's configuration, the clock, the store's latest
 /// revision (its quorum reads) and its caches.
 pub struct View<'a> {
-    pub policy: &'a PolicyConfig,
+    pub policy: &'a worker::Settings,
+    pub shared: &'a rules::Settings,
     pub clock: &'a Clock,
     pub snapshot: &'a Snapshot,
     pub ages: &'a [u8; 3],
@@ -275,7 +277,13 @@ fn decide_with(
         username: Some(requester.username()),
         groups: &[],
     };
-    futures::executor::block_on(policy::decide(view.policy, &request, lookup, view.clock.now))
+    futures::executor::block_on(worker::decide(
+        view.shared,
+        view.policy,
+        &request,
+        lookup,
+        view.clock.now,
+    ))
 }
 
 /// The real adoption predicate: may the pod named `name`, as a quorum read returned it,
@@ -293,12 +301,12 @@ pub fn referenced(name: PodName, pod: &Pod, clock: &Clock) -> crate::world::Set<
 
 /// Whether a secret the reconciler's label-selected cache does not hold is still one it
 /// reads for this pod: named after the pod's worker (the real reconcile's filter).
-pub fn named_for(policy: &PolicyConfig, id: SecretId, pod: PodName) -> bool {
+pub fn named_for(policy: &worker::Settings, id: SecretId, pod: PodName) -> bool {
     policy.worker_of_secret_name(id.name()).as_deref() == Some(pod.name())
 }
 
 /// The pod as it is stored after the real mutating webhook patched the request.
-pub fn admit_pod(policy: &PolicyConfig, shape: &PodShape) -> PodShape {
+pub fn admit_pod(policy: &worker::Settings, shape: &PodShape) -> PodShape {
     let request = kube_pod_request(shape);
     let planned = mutation::mutate(policy, &request, None);
     let mut doc = serde_json::to_value(&request).expect("a pod serialises");
@@ -308,7 +316,7 @@ pub fn admit_pod(policy: &PolicyConfig, shape: &PodShape) -> PodShape {
 }
 
 /// The worker label the guard's configuration uses must be the one the model writes.
-pub fn check_policy(policy: &PolicyConfig) {
+pub fn check_policy(policy: &worker::Settings) {
     assert_eq!(
         policy.worker_label, WORKER_LABEL,
         "the model labels pods with the default worker label"
@@ -319,11 +327,11 @@ pub fn check_policy(policy: &PolicyConfig) {
 /// rules say. Without this the model could check a guard that never sees a pod.
 #[cfg(test)]
 mod checks {
-    use cds_secret_guard::policy::Reason;
+    use cds_secret_guard::rules::worker::Reason;
 
     use super::*;
     use crate::{
-        model::default_policy,
+        model::{default_policy, default_shared},
         world::{Lag, Owner, Phase, Set, Store, Uid, Worker},
     };
 
@@ -365,10 +373,11 @@ mod checks {
     }
 
     fn verdict(store: &Store, age: u8) -> Verdict {
-        let (policy, clock) = (default_policy(), clock());
+        let (policy, shared, clock) = (default_policy(), default_shared(), clock());
         let ages = [age, 0, u8::MAX];
         let view = View {
             policy: &policy,
+            shared: &shared,
             clock: &clock,
             snapshot: &store.now,
             ages: &ages,
@@ -420,11 +429,12 @@ mod checks {
 
     #[test]
     fn only_the_worker_pod_using_the_secret_may_adopt_it() {
-        let (policy, clock) = (default_policy(), clock());
+        let (policy, shared, clock) = (default_policy(), default_shared(), clock());
         let empty = Store::new();
         let ages = [0, 0, u8::MAX];
         let view = View {
             policy: &policy,
+            shared: &shared,
             clock: &clock,
             snapshot: &empty.now,
             ages: &ages,

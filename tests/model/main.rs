@@ -4,7 +4,7 @@
 //! reads (`world`); the actors are CDS's hatcheries and cleanup, the pods' lifecycle, the
 //! kubelet, the garbage collector, the guard's reconciler and an adversary who may create
 //! and delete any pod but touch no secret (`actors`). Every secret DELETE is decided by
-//! the real `policy::decide`, every adoption vetted by the real `owner_refs::may_adopt`,
+//! the real `worker::decide`, every adoption vetted by the real `owners::may_adopt`,
 //! every pod created through the real `mutation::mutate` (`guard`). The decision's lookup
 //! answers as the server's does: the deny hint and the label index from the guard's pod
 //! watch, an ordered, lagging stream of the worker-labelled pods' events with relists,

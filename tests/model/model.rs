@@ -1,7 +1,7 @@
 //! The model as stateright sees it: its bounds, the variant under test, the initial state,
 //! the steps and the properties.
 
-use cds_secret_guard::config::PolicyConfig;
+use cds_secret_guard::rules::{self, worker};
 use k8s_openapi::jiff::Timestamp;
 use stateright::{Model, Property};
 
@@ -58,7 +58,8 @@ pub enum Catalogue {
 pub struct GuardModel {
     pub bounds: Bounds,
     pub variant: Variant,
-    pub policy: PolicyConfig,
+    pub policy: worker::Settings,
+    pub shared: rules::Settings,
     pub clock: Clock,
     /// The adversary's pods, as the mutating webhook stores them.
     pub catalogue: Vec<PodShape>,
@@ -123,6 +124,7 @@ impl GuardModel {
             bounds,
             variant,
             policy,
+            shared: default_shared(),
             clock,
             catalogue,
             hatchery_pods,
@@ -134,6 +136,7 @@ impl GuardModel {
     pub fn view<'a>(&'a self, s: &'a State) -> View<'a> {
         View {
             policy: &self.policy,
+            shared: &self.shared,
             clock: &self.clock,
             snapshot: s.now(),
             ages: &s.ages,
@@ -192,14 +195,24 @@ impl Model for GuardModel {
     }
 }
 
-/// The guard's policy exactly as `serve` builds it from its default flags.
-pub fn default_policy() -> PolicyConfig {
+/// The guard's configuration exactly as `serve` builds it from its default flags.
+fn serve_defaults() -> cds_secret_guard::Config {
     use clap::Parser;
     let cli = cds_secret_guard::cli::Cli::parse_from(["cds-secret-guard", "serve"]);
     let cds_secret_guard::cli::Command::Serve(args) = cli.command else {
         unreachable!("parsed serve")
     };
-    args.into_config().policy
+    args.into_config()
+}
+
+/// The worker rules' settings of `serve` by default.
+pub fn default_policy() -> worker::Settings {
+    serve_defaults().worker
+}
+
+/// The settings the rule sets share, as `serve` has them by default.
+pub fn default_shared() -> rules::Settings {
+    serve_defaults().rules
 }
 
 fn requested_pods(kind: Catalogue, workers: &[Worker]) -> Vec<PodShape> {

@@ -5,10 +5,9 @@
 //! break.
 
 use cds_secret_guard::{
-    config::PolicyConfig,
-    mutation::PROTECTED_SECRETS_ANNOTATION,
-    pod::{PodState, WorkerPod},
-    policy::{Reason, Verdict},
+    rules::worker::mutation::PROTECTED_SECRETS_ANNOTATION,
+    rules::worker::pod::{PodState, WorkerPod},
+    rules::worker::{Reason, Verdict},
 };
 
 use crate::{
@@ -19,13 +18,13 @@ use crate::{
 /// The validating webhook on secret DELETEs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guard {
-    /// `policy::decide`, the product's rules.
+    /// `worker::decide`, the product's rules.
     Real,
     /// No webhook registered: every delete goes through.
     Off,
     /// The old rule 3, checked before rule 5: "all Pod owners gone → allow".
     OldRule3,
-    /// `policy::decide` with every read failing (the apiserver unreachable for good): it
+    /// `worker::decide` with every read failing (the apiserver unreachable for good): it
     /// fails closed, so nothing protected is ever deleted and secrets leak. Not a bug but
     /// the price of failing closed; here to show that the liveness properties bite.
     Unreachable,
@@ -35,7 +34,7 @@ pub enum Guard {
 /// claims revisions (`watch`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
-    /// `KubeLookup` over the pod watch of `src/pod_cache.rs`: the watch's store as the
+    /// `KubeLookup` over the pod watch of `src/rules/worker/watch.rs`: the watch's store as the
     /// deny hint, the namespace cache, and the label index once the watch has caught up
     /// with a revision read by quorum; every other read by quorum.
     Server,
@@ -53,7 +52,7 @@ pub enum Lookup {
 /// How the reconciler picks and vets the secrets a pod may own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Adoption {
-    /// The secrets the pod's spec references, vetted by `owner_refs::may_adopt`.
+    /// The secrets the pod's spec references, vetted by `owners::may_adopt`.
     Real,
     /// Before the fix: every secret listed in the pod's protected-secrets annotation, for
     /// any live pod carrying the worker label.
@@ -102,7 +101,7 @@ pub fn admit(
 }
 
 /// The pre-fix adoption predicate: trusts the pod's labels and annotation.
-pub fn pre_fix_may_adopt(policy: &PolicyConfig, secret: &str, pod: &WorkerPod) -> bool {
+pub fn pre_fix_may_adopt(policy: &cds_secret_guard::rules::worker::Settings, secret: &str, pod: &WorkerPod) -> bool {
     let labelled = pod
         .metadata
         .labels

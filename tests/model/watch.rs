@@ -1,4 +1,4 @@
-//! The guard's pod watch (`src/pod_cache.rs`): the reconciler's watch of the pods that
+//! The guard's pod watch (`src/rules/worker/watch.rs`): the reconciler's watch of the pods that
 //! carry the worker label, which the decisions use as a cache. Its store gives the deny
 //! hint (a live pod it shows may deny at once); its label index may stand in for the label
 //! LIST, but only once the watch has caught up with a revision read by quorum (the
@@ -267,7 +267,7 @@ impl Relist {
 }
 
 /// The model's watch against the real one: random runs of the model, replayed into
-/// `src/pod_cache.rs`'s `PodWatch` with the revisions the model leaves out, must agree at
+/// `src/rules/worker/watch.rs`'s `PodWatch` with the revisions the model leaves out, must agree at
 /// every step on what the watch's store shows (the deny hint), on whether the gate lets the
 /// index answer a read at the current revision, and on what the index answers then.
 #[cfg(test)]
@@ -275,8 +275,8 @@ mod checks {
     use std::{sync::Arc, time::Duration};
 
     use cds_secret_guard::{
-        pod::{PhasePart, PodLiveness},
-        pod_cache::{PodCache, PodWatch},
+        rules::worker::pod::{PhasePart, PodLiveness},
+        rules::worker::watch::{PodCache, PodWatch},
     };
     use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
     use kube::runtime::watcher::Event as Observed;

@@ -14,9 +14,9 @@
 use std::{collections::BTreeMap, fmt, marker::PhantomData, time::Duration};
 
 use cds_secret_guard::{
-    mutation::PROTECTED_SECRETS_ANNOTATION,
-    owner_refs::pod_reference,
-    pod::{ContainerReferences, EnvFromReference, PhasePart, PodState, SecretReferences, WorkerPod},
+    rules::worker::mutation::PROTECTED_SECRETS_ANNOTATION,
+    rules::worker::owners::pod_reference,
+    rules::worker::pod::{ContainerReferences, EnvFromReference, PhasePart, PodState, SecretReferences, WorkerPod},
 };
 use k8s_openapi::{
     api::core::v1::SecretEnvSource,

@@ -153,7 +153,7 @@ fn reason_of(message: &str) -> &'static str {
 }
 
 fn is_live(pod: &Pod) -> bool {
-    cds_secret_guard::pod::PodState::from(pod).is_live()
+    cds_secret_guard::rules::worker::pod::PodState::from(pod).is_live()
 }
 
 fn secret_names(worker: &str, registry: bool) -> Vec<String> {

@@ -27,14 +27,14 @@ use serde::{
     de::{self, IgnoredAny},
 };
 
-use crate::admission::Text;
+use crate::cluster::Text;
 
 /// Annotation listing the protected secrets a pod uses.
 pub const PROTECTED_SECRETS_ANNOTATION: &str = "cds-secret-guard/protected-secrets";
 
 /// What the mutation reads of a pod: the secret names its spec references, its label
 /// keys and its protected-secrets annotation. The server reads it straight from the
-/// review's body ([`PodObject`]); [`crate::mutation::mutate`] from a [`WorkerPod`].
+/// review's body ([`PodObject`]); [`crate::rules::worker::mutation::mutate`] from a [`WorkerPod`].
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct PodFacts<'p> {
     /// Every secret name the spec references, in any order, repeats allowed.
@@ -858,13 +858,16 @@ mod tests {
     fn the_mutation_plans_the_same_patch_from_either_reading() {
         let mut json = json_pod();
         json["spec"]["volumes"][0]["secret"]["secretName"] = "cds-worker-config-w1".into();
-        json["metadata"]["annotations"][crate::mutation::PROTECTED_SECRETS_ANNOTATION] = "stale".into();
+        json["metadata"]["annotations"][crate::rules::worker::mutation::PROTECTED_SECRETS_ANNOTATION] = "stale".into();
         let lean = PodObject::deserialize(&json).unwrap();
         let whole: WorkerPod = serde_json::from_value(json.clone()).unwrap();
         let policy = crate::fixtures::policy();
         for hatchery in [None, Some("hatchery-1")] {
-            let planned = crate::mutation::plan(&policy, &lean.facts(), hatchery);
-            assert_eq!(planned, crate::mutation::mutate(&policy, &whole, hatchery));
+            let planned = crate::rules::worker::mutation::plan(&policy, &lean.facts(), hatchery);
+            assert_eq!(
+                planned,
+                crate::rules::worker::mutation::mutate(&policy, &whole, hatchery)
+            );
             assert!(!planned.patch.0.is_empty());
         }
     }

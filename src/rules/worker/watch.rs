@@ -3,7 +3,7 @@
 //! A pod the cache shows live may justify a denial at once: the safe side. The cache may
 //! also say which pods carry a worker's label, which an allow needs, but only once it has
 //! caught up with a revision read by quorum after the request arrived
-//! ([`crate::revision`]). Without that proof the label is read by quorum (a LIST, which
+//! ([`crate::cluster::revision`]). Without that proof the label is read by quorum (a LIST, which
 //! costs the apiserver a scan of the namespace's pods).
 
 use std::{
@@ -19,8 +19,8 @@ use kube::runtime::{
 use tokio::sync::watch;
 
 use crate::{
-    pod::{PodLiveness, PodState},
-    revision::{Progress, once_caught_up, parse_revision},
+    cluster::revision::{Progress, once_caught_up, parse_revision},
+    rules::worker::pod::{PodLiveness, PodState},
 };
 
 /// The worker-labelled pods the reconciler's watches see: one [`PodWatch`] per watched

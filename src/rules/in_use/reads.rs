@@ -14,7 +14,7 @@ use std::{
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, ListParams},
@@ -31,10 +31,11 @@ use super::{
 };
 use crate::{
     Error, Result,
-    metrics::Metrics,
-    namespaces::{self, NamespaceCache},
-    references::Kind,
-    revision::{self, CATCH_UP},
+    cluster::namespaces::{self, NamespaceCache},
+    cluster::references::Kind,
+    cluster::revision::{self, CATCH_UP},
+    observe::metrics::Metrics,
+    rules::Unavailable,
 };
 
 /// Pods per page of the namespace's LIST: a page's specs are held at once, never more.
@@ -197,7 +198,7 @@ impl KubeInUse {
             for pod in page.items {
                 let mut needs = Vec::new();
                 if let Some(spec) = &pod.spec {
-                    crate::references::visit(spec, |reference| {
+                    crate::cluster::references::visit(spec, |reference| {
                         let needed = (reference.kind, reference.name.to_owned());
                         if !reference.optional && !needs.contains(&needed) {
                             needs.push(needed);
@@ -211,7 +212,7 @@ impl KubeInUse {
                 let terminal = matches!(phase.as_deref(), Some("Succeeded" | "Failed"));
                 let pod = Dependent {
                     terminal,
-                    ..dependent("v1", "Pod", &pod.metadata)
+                    ..Dependent::from_metadata("v1", "Pod", &pod.metadata)
                 };
                 listed.push((pod, needs));
             }
@@ -332,21 +333,22 @@ impl KubeInUse {
         };
         let objects: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
         let found = objects.get_metadata_opt(name).await?;
-        Ok(found.map(|found| dependent(api_version, kind, &found.metadata)))
+        Ok(found.map(|found| Dependent::from_metadata(api_version, kind, &found.metadata)))
     }
 }
 
-/// An object as the rules read it, from its metadata.
-pub(super) fn dependent(api_version: &str, kind: &str, metadata: &ObjectMeta) -> Dependent {
-    Dependent {
-        api_version: api_version.to_owned(),
-        kind: kind.to_owned(),
-        name: metadata.name.clone().unwrap_or_default(),
-        uid: metadata.uid.clone().unwrap_or_default(),
-        deleting: metadata.deletion_timestamp.is_some(),
-        finalizers: metadata.finalizers.clone().unwrap_or_default(),
-        terminal: false,
-        owners: metadata.owner_references.clone().unwrap_or_default(),
-        created: metadata.creation_timestamp.as_ref().map(|time| time.0),
+/// Without a Kubernetes client every read fails: every in-use delete is denied.
+#[async_trait]
+impl InUseLookup for Unavailable {
+    async fn users(&self, _: &str, _: Kind, _: &str) -> Result<Vec<Dependent>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+
+    async fn object(&self, _: &str, _: &str, _: &str, _: &str) -> Result<Option<Dependent>> {
+        Err(Error::KubeConfig(self.0.clone()))
+    }
+
+    async fn namespace_terminating(&self, _: &str) -> Result<bool> {
+        Err(Error::KubeConfig(self.0.clone()))
     }
 }

@@ -9,8 +9,6 @@
 //! JSON value, a secret buffered whole by `PartialObjectMeta`'s flattened type fields) was
 //! most of a review's time in-process ([benchmarks](../docs/design/benchmarks.md)).
 
-use std::{borrow::Cow, fmt, marker::PhantomData, ops::Deref};
-
 use axum::{
     Json,
     body::Bytes,
@@ -19,13 +17,10 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use base64::engine::general_purpose::STANDARD as BASE64;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{Status, admission::Operation};
-use serde::{
-    Deserialize, Deserializer, Serialize,
-    de::{self, IgnoredAny},
-    ser::SerializeMap,
-};
+
+pub use crate::cluster::Text;
+use serde::{Deserialize, Serialize, de::IgnoredAny, ser::SerializeMap};
 
 /// The only AdmissionReview version the guard speaks (the webhooks ask for it).
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -76,11 +71,6 @@ pub struct RequestDeadline(pub tokio::time::Instant);
 /// [`ApiError`] as rejection. [`decode`] reads the review from it, borrowing.
 #[derive(Debug)]
 pub struct ReviewBody(pub Bytes);
-
-/// A JSON string of the body: borrowed from it, or unescaped into a copy when its JSON
-/// text has escapes.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Text<'a>(pub Cow<'a, str>);
 
 /// An AdmissionReview's request as the endpoints read it. `O` is the endpoint's object
 /// type; an object of another shape is left out ([`decode`]).
@@ -167,116 +157,6 @@ pub struct UserInfo<'a> {
     /// A map of string lists; skipped.
     #[serde(default, rename = "extra")]
     _extra: Option<IgnoredAny>,
-}
-
-/// A secret as `/validate` reads it: the metadata the rules read. Its data and the rest
-/// of its metadata are skipped, never built.
-#[derive(Debug, Default, Deserialize)]
-pub struct SecretObject {
-    /// Name, uid, creation time, labels and owner references.
-    #[serde(default, deserialize_with = "secret_metadata")]
-    pub metadata: ObjectMeta,
-}
-
-/// The fields of a secret's metadata the rules read.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SecretMetadata {
-    name: Option<String>,
-    uid: Option<String>,
-    creation_timestamp: Option<Time>,
-    labels: Option<std::collections::BTreeMap<String, String>>,
-    owner_references: Option<Vec<OwnerReference>>,
-}
-
-fn secret_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let kept = SecretMetadata::deserialize(deserializer)?;
-    Ok(ObjectMeta {
-        name: kept.name,
-        uid: kept.uid,
-        creation_timestamp: kept.creation_timestamp,
-        labels: kept.labels,
-        owner_references: kept.owner_references,
-        ..ObjectMeta::default()
-    })
-}
-
-/// A Secret or ConfigMap as `/validate-in-use` reads it: its name, uid, finalizers, the
-/// opt-in label and the force annotation. Its data and every other label and annotation
-/// are skipped, never built: kubectl's `last-applied-configuration` holds a copy of the
-/// data.
-#[derive(Debug, Default, Deserialize)]
-pub struct InUseObject {
-    /// Name, uid, finalizers and, when set, the opt-in label and the force annotation alone.
-    #[serde(default, deserialize_with = "in_use_metadata")]
-    pub metadata: ObjectMeta,
-}
-
-#[derive(Deserialize)]
-struct InUseMetadata {
-    name: Option<String>,
-    uid: Option<String>,
-    #[serde(default, deserialize_with = "opt_in_label")]
-    labels: Option<std::collections::BTreeMap<String, String>>,
-    #[serde(default, deserialize_with = "force_annotation")]
-    annotations: Option<std::collections::BTreeMap<String, String>>,
-    finalizers: Option<Vec<String>>,
-}
-
-fn in_use_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let kept = InUseMetadata::deserialize(deserializer)?;
-    Ok(ObjectMeta {
-        name: kept.name,
-        uid: kept.uid,
-        labels: kept.labels,
-        annotations: kept.annotations,
-        finalizers: kept.finalizers,
-        ..ObjectMeta::default()
-    })
-}
-
-/// The labels with only [`OPT_IN_LABEL`](crate::in_use::OPT_IN_LABEL) kept; `None`
-/// without it.
-fn opt_in_label<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<std::collections::BTreeMap<String, String>>, D::Error> {
-    deserializer.deserialize_any(OneEntry(crate::in_use::OPT_IN_LABEL))
-}
-
-/// The annotations with only [`FORCE_ANNOTATION`](crate::in_use::FORCE_ANNOTATION) kept;
-/// `None` without it.
-fn force_annotation<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<std::collections::BTreeMap<String, String>>, D::Error> {
-    deserializer.deserialize_any(OneEntry(crate::in_use::FORCE_ANNOTATION))
-}
-
-/// A map of strings read for one key: the others are skipped, never built.
-struct OneEntry(&'static str);
-
-impl<'de> de::Visitor<'de> for OneEntry {
-    type Value = Option<std::collections::BTreeMap<String, String>>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "a map holding {}", self.0)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut kept = None;
-        while let Some(key) = map.next_key::<Text<'de>>()? {
-            if *key == *self.0 {
-                let value: String = map.next_value()?;
-                kept = Some(std::collections::BTreeMap::from([(key.0.into_owned(), value)]));
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(kept)
-    }
 }
 
 /// The AdmissionReview envelope as it arrives, each field read once.
@@ -451,50 +331,6 @@ pub fn reply(answer: &Answer<'_>) -> Response {
     }
 }
 
-// === impl Text ===
-
-impl Deref for Text<'_> {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Text<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor<'a>(PhantomData<&'a ()>);
-
-        impl<'de: 'a, 'a> de::Visitor<'de> for Visitor<'a> {
-            type Value = Text<'a>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-
-            fn visit_borrowed_str<E: de::Error>(self, value: &'de str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Borrowed(value)))
-            }
-
-            fn visit_str<E: de::Error>(self, value: &str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Owned(value.to_owned())))
-            }
-
-            fn visit_string<E: de::Error>(self, value: String) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Owned(value)))
-            }
-        }
-
-        deserializer.deserialize_str(Visitor(PhantomData))
-    }
-}
-
 // === impl ReviewRequest ===
 
 impl<'a> ReviewRequest<'a, IgnoredAny> {
@@ -585,7 +421,10 @@ impl<S: Send + Sync> FromRequest<S> for ReviewBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::WorkerPod;
+    use std::borrow::Cow;
+
+    use crate::rules::worker::pod::WorkerPod;
+    use crate::rules::{in_use::InUseObject, worker::SecretObject};
     use rstest::rstest;
     use serde_json::{Value, json};
 
@@ -697,8 +536,8 @@ mod tests {
 
     #[test]
     fn an_in_use_delete_keeps_the_force_annotation_the_opt_in_label_and_the_finalizers_alone() {
-        let force = crate::in_use::FORCE_ANNOTATION;
-        let opt_in = crate::in_use::OPT_IN_LABEL;
+        let force = crate::rules::in_use::FORCE_ANNOTATION;
+        let opt_in = crate::rules::in_use::OPT_IN_LABEL;
         let review = set(
             secret_delete(),
             "/request/oldObject/metadata/annotations",
@@ -716,7 +555,7 @@ mod tests {
         let review = set(
             review,
             "/request/oldObject/metadata/finalizers",
-            json!([crate::in_use::FINALIZER]),
+            json!([crate::rules::in_use::FINALIZER]),
         );
         let body = bytes(&review);
         let request = decode::<InUseObject>(&body).unwrap();
@@ -730,7 +569,7 @@ mod tests {
             Some([(force.to_owned(), "INC-42".to_owned())].into())
         );
         assert_eq!(object.labels, Some([(opt_in.to_owned(), "defer".to_owned())].into()));
-        assert!(crate::in_use::is_held(object));
+        assert!(crate::rules::in_use::is_held(object));
         let kept = format!("{request:?}");
         for skipped in ["dG9wLXNlY3JldA==", "last-applied", "CDS_WORKER_NAME", "f:data"] {
             assert!(!kept.contains(skipped), "{skipped} was kept: {kept}");

@@ -17,6 +17,15 @@
 //! other than `now`, so they run unchanged in handler tests (an in-memory fake), in the
 //! model checker (a model store) and in the server (quorum reads with a deadline).
 
+pub mod mutation;
+pub mod owners;
+pub mod pod;
+pub mod reads;
+mod secret;
+pub mod watch;
+
+pub use secret::SecretObject;
+
 use std::{fmt, time::Duration};
 
 use futures::future::join_all;
@@ -25,7 +34,22 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use crate::{config::PolicyConfig, lookup::ClusterLookup, pod::PodState};
+use self::{pod::PodState, reads::ClusterLookup};
+use crate::rules;
+
+/// The worker-secret rules' own settings; what they share with in-use protection is in
+/// [`crate::rules::Settings`].
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// A worker secret younger than this is never deleted.
+    pub grace_period: Duration,
+    /// Name prefixes of protected secrets.
+    pub secret_prefixes: Vec<String>,
+    /// Label naming the worker.
+    pub worker_label: String,
+    /// Label naming the hatchery.
+    pub hatchery_label: String,
+}
 
 /// A DELETE of a secret, as the policy sees it.
 #[derive(Debug, Clone, Copy)]
@@ -85,15 +109,16 @@ pub struct Verdict {
 }
 
 /// Applies the rules to one secret delete. Every read goes through `lookup`; its
-/// deadline, if any, is the lookup's business (see [`crate::lookup::Deadline`]).
+/// deadline, if any, is the lookup's business (see [`crate::rules::worker::reads::Deadline`]).
 pub async fn decide(
-    config: &PolicyConfig,
+    shared: &rules::Settings,
+    config: &Settings,
     request: &SecretDelete<'_>,
     lookup: &dyn ClusterLookup,
     now: Timestamp,
 ) -> Verdict {
     let (namespace, name) = (request.namespace, request.name);
-    if !config.watches(namespace) {
+    if !shared.watches(namespace) {
         let worker = request.secret.and_then(|secret| config.worker_of_secret(secret));
         let message = format!("namespace {namespace} is not watched by this guard");
         return Verdict::allow(Reason::OutOfScope, worker, None, message);
@@ -130,7 +155,7 @@ pub async fn decide(
     let age = secret_age(secret, now);
 
     // Rule 2.
-    if config.is_exempt(request.username, request.groups) {
+    if shared.is_exempt(request.username, request.groups) {
         let user = request.username.unwrap_or("?");
         return Verdict::allow(Reason::Exempt, Some(worker), Some(age), format!("{user} is exempt"));
     }
@@ -140,7 +165,7 @@ pub async fn decide(
         // Rule 4 without a read: no owner can waive it.
         too_young(config, name, worker, age)
     } else {
-        rules(lookup, config, namespace, name, worker, age, &owners).await
+        pod_rules(lookup, config, namespace, name, worker, age, &owners).await
     };
     if verdict.allowed {
         return verdict;
@@ -161,9 +186,9 @@ pub async fn decide(
 /// once: past the watch, the reads are mostly on the way to an allow, which needs them all.
 /// The worker's namesake and the pods labelled for it are read together
 /// ([`ClusterLookup::namesake_and_labelled`]): on the pod watch's path, one read proves both.
-async fn rules(
+async fn pod_rules(
     lookup: &dyn ClusterLookup,
-    config: &PolicyConfig,
+    config: &Settings,
     namespace: &str,
     name: &str,
     worker: String,
@@ -243,7 +268,7 @@ async fn rules(
 /// alone can tell whether those owners are gone (rule 3).
 fn cached_denial(
     lookup: &dyn ClusterLookup,
-    config: &PolicyConfig,
+    config: &Settings,
     namespace: &str,
     name: &str,
     worker: &str,
@@ -286,7 +311,7 @@ async fn read_named(
 /// without a read (asking would get a 400).
 async fn read_worker(
     lookup: &dyn ClusterLookup,
-    config: &PolicyConfig,
+    config: &Settings,
     namespace: &str,
     worker: &str,
 ) -> (crate::Result<Option<PodState>>, crate::Result<Vec<PodState>>) {
@@ -331,7 +356,7 @@ impl WorkerPods {
     /// Reads them, both at once.
     pub async fn read(
         lookup: &dyn ClusterLookup,
-        config: &PolicyConfig,
+        config: &Settings,
         namespace: &str,
         worker: &str,
     ) -> crate::Result<Self> {
@@ -355,7 +380,7 @@ fn live_worker_pod<'a>(namesake: Option<&'a PodState>, labelled: &'a [PodState])
         .or_else(|| labelled.iter().find(|pod| pod.is_live()))
 }
 
-fn too_young(config: &PolicyConfig, name: &str, worker: String, age: Duration) -> Verdict {
+fn too_young(config: &Settings, name: &str, worker: String, age: Duration) -> Verdict {
     let message = format!(
         "secret {name} is {} old; it cannot be deleted within {} of creation",
         human(age),
@@ -408,9 +433,9 @@ pub fn is_object_name(name: &str) -> bool {
     name.len() <= 253 && name.split('.').all(label)
 }
 
-// === impl PolicyConfig ===
+// === impl Settings ===
 
-impl PolicyConfig {
+impl Settings {
     /// The worker a secret belongs to, if it is protected: the worker label's value,
     /// else the name after a protected prefix.
     pub fn worker_of_secret(&self, meta: &ObjectMeta) -> Option<String> {
@@ -428,12 +453,6 @@ impl PolicyConfig {
             .filter_map(|prefix| name.strip_prefix(prefix.as_str()))
             .find(|worker| !worker.is_empty())
             .map(str::to_owned)
-    }
-
-    /// Whether the requester may delete protected secrets without checks.
-    pub fn is_exempt(&self, username: Option<&str>, groups: &[String]) -> bool {
-        username.is_some_and(|user| self.exempt_users.iter().any(|u| u == user))
-            || groups.iter().any(|g| self.exempt_groups.contains(g))
     }
 }
 
@@ -525,7 +544,7 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
-    use crate::fixtures::policy;
+    use crate::fixtures::{policy, shared};
 
     /// A cluster with no pod at all that writes down each read it is asked for.
     #[derive(Default)]
@@ -598,7 +617,7 @@ mod tests {
         };
         let lookup = Counted::default();
 
-        let verdict = futures::executor::block_on(decide(&policy(), &request, &lookup, now));
+        let verdict = futures::executor::block_on(decide(&shared(), &policy(), &request, &lookup, now));
 
         assert!(verdict.allowed, "{verdict:?}");
         assert_eq!(verdict.reason.code(), reason);

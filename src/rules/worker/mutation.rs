@@ -9,11 +9,10 @@ use json_patch::{AddOperation, Patch, PatchOperation};
 use jsonptr::PointerBuf;
 use serde_json::Value;
 
-pub use crate::pod::PROTECTED_SECRETS_ANNOTATION;
+pub use crate::rules::worker::pod::PROTECTED_SECRETS_ANNOTATION;
 use crate::{
-    config::PolicyConfig,
-    pod::{PodFacts, SecretReferences, WorkerPod},
-    policy::is_label_value,
+    rules::worker::is_label_value,
+    rules::worker::pod::{PodFacts, SecretReferences, WorkerPod},
 };
 
 /// What the mutation found and what it changes.
@@ -29,7 +28,7 @@ pub struct PodMutation {
 
 /// The protected secrets among a pod's secret references, and the worker they name.
 pub fn protected_secrets<'s>(
-    config: &PolicyConfig,
+    config: &super::Settings,
     names: impl IntoIterator<Item = &'s str>,
 ) -> (BTreeSet<String>, Option<String>) {
     let secrets: BTreeSet<String> = names
@@ -48,7 +47,7 @@ pub fn protected_secrets<'s>(
 
 /// Plans the patch for a pod. `hatchery` is the hatchery label of the pod's secret,
 /// when it could be read.
-pub fn mutate(config: &PolicyConfig, pod: &WorkerPod, hatchery: Option<&str>) -> PodMutation {
+pub fn mutate(config: &super::Settings, pod: &WorkerPod, hatchery: Option<&str>) -> PodMutation {
     let names = pod.spec.as_ref().map(SecretReferences::names).unwrap_or_default();
     let meta = &pod.metadata;
     let facts = PodFacts {
@@ -69,7 +68,7 @@ pub fn mutate(config: &PolicyConfig, pod: &WorkerPod, hatchery: Option<&str>) ->
 
 /// Plans the patch for what the mutation reads of a pod. `hatchery` is the hatchery
 /// label of the pod's secret, when it could be read.
-pub fn plan(config: &PolicyConfig, pod: &PodFacts<'_>, hatchery: Option<&str>) -> PodMutation {
+pub fn plan(config: &super::Settings, pod: &PodFacts<'_>, hatchery: Option<&str>) -> PodMutation {
     let (secrets, worker) = protected_secrets(config, pod.secrets.iter().copied());
     plan_protected(config, pod, secrets, worker, hatchery)
 }
@@ -77,7 +76,7 @@ pub fn plan(config: &PolicyConfig, pod: &PodFacts<'_>, hatchery: Option<&str>) -
 /// [`plan`], once the pod's protected secrets and their worker are known
 /// ([`protected_secrets`]): the server finds them first, to skip other pods.
 pub fn plan_protected(
-    config: &PolicyConfig,
+    config: &super::Settings,
     pod: &PodFacts<'_>,
     secrets: BTreeSet<String>,
     worker: Option<String>,

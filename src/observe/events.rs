@@ -21,7 +21,7 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// Notes waiting to be published at most; past it, new ones are dropped and counted.
 const QUEUE: usize = 1024;

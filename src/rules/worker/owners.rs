@@ -15,7 +15,7 @@
 //! updates do not trigger it), and a failed reconcile is retried with backoff until it
 //! succeeds or becomes moot (pod gone, secret gone).
 //!
-//! With a Lease ([`crate::lease`]), only its holder adopts. Every replica keeps its pod
+//! With a Lease ([`crate::cluster::lease`]), only its holder adopts. Every replica keeps its pod
 //! watch, which is also the decisions' cache ([`PodCache`]); the holder's watch forwards
 //! the pods to its controller, which it starts, with a watch of the secrets of its own,
 //! when it takes the Lease, and stops when it loses it. A new term begins with one pass
@@ -59,13 +59,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Error, Result,
-    config::PolicyConfig,
-    events::{Events, secret_reference},
-    lease::Leadership,
-    metrics::Metrics,
-    pod::{PodLiveness, PodState, WorkerPod},
-    pod_cache::PodCache,
-    revision::parse_revision,
+    cluster::lease::Leadership,
+    cluster::revision::parse_revision,
+    observe::events::{Events, secret_reference},
+    observe::metrics::Metrics,
+    rules::worker::{
+        Settings,
+        pod::{PodLiveness, PodState, WorkerPod},
+        watch::PodCache,
+    },
 };
 
 /// How many pods are reconciled at once.
@@ -81,7 +83,9 @@ const LAST_RETRY: Duration = Duration::from_secs(300);
 /// The reconciler: adds ownerReferences from worker secrets to their pods.
 pub struct Reconciler {
     client: Client,
-    policy: PolicyConfig,
+    policy: Settings,
+    /// The namespaces watched; empty means all.
+    namespaces: Vec<String>,
     metrics: Arc<Metrics>,
     events: Events,
     pod_cache: PodCache,
@@ -114,7 +118,7 @@ pub enum Adoption {
 /// Whether `pod` may own `secret`. Both must come from quorum reads (or, for the secret,
 /// be written with its resourceVersion as a precondition): this is the whole of what the
 /// guard trusts before it lets the garbage collector act.
-pub fn may_adopt(policy: &PolicyConfig, secret: &ObjectMeta, pod: &WorkerPod) -> bool {
+pub fn may_adopt(policy: &Settings, secret: &ObjectMeta, pod: &WorkerPod) -> bool {
     let (Some(secret_name), Some(pod_name)) = (secret.name.as_deref(), pod.metadata.name.as_deref()) else {
         return false;
     };
@@ -141,7 +145,8 @@ impl Reconciler {
     /// A reconciler writing through `client`.
     pub fn new(
         client: Client,
-        policy: PolicyConfig,
+        policy: Settings,
+        namespaces: Vec<String>,
         metrics: Arc<Metrics>,
         events: Events,
         pod_cache: PodCache,
@@ -149,6 +154,7 @@ impl Reconciler {
         Arc::new(Self {
             client,
             policy,
+            namespaces,
             metrics,
             events,
             pod_cache,
@@ -159,10 +165,10 @@ impl Reconciler {
     /// Watches worker pods until `shutdown`, and adopts their secrets while `leadership`
     /// says so: one watch and controller per watched namespace, or one for all.
     pub async fn run(self: Arc<Self>, leadership: Leadership, shutdown: CancellationToken) {
-        let scopes: Vec<Option<String>> = if self.policy.namespaces.is_empty() {
+        let scopes: Vec<Option<String>> = if self.namespaces.is_empty() {
             vec![None]
         } else {
-            self.policy.namespaces.iter().cloned().map(Some).collect()
+            self.namespaces.iter().cloned().map(Some).collect()
         };
         let controllers = scopes
             .into_iter()
@@ -460,7 +466,7 @@ fn error_policy(pod: Arc<PodLiveness>, error: &Error, context: Arc<Context>) -> 
 /// already owned by that pod as the watch shows it. A secret owned by another UID (a
 /// stale owner, a previous pod of the same name) still brings the live pod in: the
 /// garbage collector would otherwise keep trying to delete it while the pod lives.
-fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta, pods: &Store<PodLiveness>) -> Option<ObjectRef<PodLiveness>> {
+fn pod_of(policy: &Settings, secret: &ObjectMeta, pods: &Store<PodLiveness>) -> Option<ObjectRef<PodLiveness>> {
     if secret.deletion_timestamp.is_some() {
         return None;
     }
@@ -468,7 +474,7 @@ fn pod_of(policy: &PolicyConfig, secret: &ObjectMeta, pods: &Store<PodLiveness>)
     let pod = ObjectRef::new(&worker).within(secret.namespace.as_deref()?);
     let adopted = pods.get(&pod).is_some_and(|watched| {
         let uid = watched.metadata.uid.as_deref();
-        crate::policy::pod_owners(secret).any(|owner| Some(owner.uid.as_str()) == uid)
+        crate::rules::worker::pod_owners(secret).any(|owner| Some(owner.uid.as_str()) == uid)
     });
     (!adopted).then_some(pod)
 }

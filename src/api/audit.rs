@@ -19,13 +19,12 @@ use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    in_use::{self, ObjectDelete},
-    policy::{SecretDelete, Verdict},
-    references::Kind,
+    cluster::references::Kind,
+    rules::in_use::{self, ObjectDelete},
+    rules::worker::{SecretDelete, Verdict},
 };
 
-/// The log target of audit lines; `RUST_LOG` does not filter it (see [`crate::telemetry`]).
-pub const TARGET: &str = "cds_secret_guard::audit";
+use crate::observe::telemetry::AUDIT_TARGET as TARGET;
 
 /// The requesting user, as the audit line records it.
 #[derive(Debug, Clone, Copy)]

@@ -22,7 +22,7 @@
 //! rules 5 to 7, without their judgement of which pods are leaving.
 //!
 //! A pod **uses** the object while its spec names it without `optional: true`
-//! ([`crate::references::needs`]) and it is not terminal (Succeeded, Failed). A pod not yet
+//! ([`crate::cluster::references::needs`]) and it is not terminal (Succeeded, Failed). A pod not yet
 //! scheduled uses it: it needs it to start. A pod created while the object is being
 //! deleted uses it too: nothing refuses such a pod, and it would not start without it. A
 //! pod **stays** unless it is being deleted
@@ -51,13 +51,15 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::references::Kind;
+use crate::cluster::references::Kind;
 
 pub mod finalizer;
 mod index;
+mod object;
 mod reads;
 
 pub use index::UserIndex;
+pub use object::InUseObject;
 pub use reads::KubeInUse;
 
 /// The label that opts a namespace (all its Secrets and ConfigMaps) or one object in.
@@ -538,6 +540,25 @@ impl fmt::Display for Subject<'_> {
             Kind::ConfigMap => "configmap",
         };
         write!(f, "{kind} {}", self.1)
+    }
+}
+
+// === impl Dependent ===
+
+impl Dependent {
+    /// An object as the rules read it, from its metadata.
+    pub(crate) fn from_metadata(api_version: &str, kind: &str, metadata: &ObjectMeta) -> Self {
+        Self {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            name: metadata.name.clone().unwrap_or_default(),
+            uid: metadata.uid.clone().unwrap_or_default(),
+            deleting: metadata.deletion_timestamp.is_some(),
+            finalizers: metadata.finalizers.clone().unwrap_or_default(),
+            terminal: false,
+            owners: metadata.owner_references.clone().unwrap_or_default(),
+            created: metadata.creation_timestamp.as_ref().map(|time| time.0),
+        }
     }
 }
 

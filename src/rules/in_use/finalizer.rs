@@ -7,7 +7,7 @@
 //! The [`Holder`] is that controller, one `kube::runtime::Controller` per kind and scope,
 //! on the Lease holder. Each watches its objects' metadata (labels, finalizers, deletion;
 //! never data, never other annotations), and is told by the pod index
-//! ([`UserIndex::subscribe`]) which objects' users changed, and by a namespace watch which
+//! ([`UserIndex::subscribe`](super::UserIndex::subscribe)) which objects' users changed, and by a namespace watch which
 //! namespaces' labels did. For each object it does what [`plan`] says:
 //!
 //! - **hold**: an object opted in to `defer`, not being deleted, that a pod the index
@@ -62,11 +62,11 @@ use super::{
 };
 use crate::{
     Error, Result,
-    events::{DeletedRef, Events},
-    lease::Leadership,
-    metrics::Metrics,
-    namespaces::NamespaceCache,
-    references::Kind,
+    cluster::lease::Leadership,
+    cluster::namespaces::NamespaceCache,
+    cluster::references::Kind,
+    observe::events::{DeletedRef, Events},
+    observe::metrics::Metrics,
 };
 
 /// Objects reconciled at once, per controller.

@@ -2,7 +2,9 @@
 //! state they share. The layout follows Kubewarden's policy-server: handlers decode and
 //! answer, services decide, state holds the shared handles.
 
+pub mod audit;
 mod handlers;
+pub mod review;
 mod service;
 mod state;
 
@@ -21,7 +23,7 @@ use tokio::time::Instant;
 
 pub use state::AppState;
 
-use crate::admission::{ApiError, RequestDeadline};
+use crate::api::review::{ApiError, RequestDeadline};
 
 /// The admission routes, `/validate`, `/mutate` and `/validate-in-use`, behind the
 /// request limits.

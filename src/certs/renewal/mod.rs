@@ -45,7 +45,7 @@ use self::{
     plan::{Cert, Facts, Leaf, Step, Timing},
     state::{State, Webhooks},
 };
-use crate::{Error, Result, lease::Leadership, metrics::Metrics, tls::CertStore};
+use crate::{Error, Result, certs::reload::CertStore, cluster::lease::Leadership, observe::metrics::Metrics};
 
 /// The longest the renewer sleeps between two reads when nothing changes.
 const IDLE: Duration = Duration::from_secs(60);

@@ -33,7 +33,7 @@ use serde_json::json;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Result, metrics::Metrics};
+use crate::{Result, observe::metrics::Metrics};
 
 /// The Lease that elects the replica doing the adoption work, and its timing (as
 /// kube-controller-manager's `--leader-elect-*` flags, whose defaults it shares).

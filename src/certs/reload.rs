@@ -1,6 +1,6 @@
 //! The serving certificate. From files, it is loaded when the server binds, so a bad
 //! pair fails at start-up, then the files are polled and reloaded when their content
-//! changes. Renewed by the guard ([`crate::renewal`]), it starts empty (handshakes fail
+//! changes. Renewed by the guard ([`crate::certs::renewal`]), it starts empty (handshakes fail
 //! and the server is not ready) until the renewer hands it a certificate to serve. Polling
 //! the content (not inotify on the path) also catches the atomic symlink swap a
 //! Kubernetes secret volume makes. A pair that does not load (say, the certificate is
@@ -24,7 +24,7 @@ use rustls::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, Result, metrics::Metrics};
+use crate::{Error, Result, observe::metrics::Metrics};
 
 /// The current serving certificate, swapped in place on rotation.
 #[derive(Debug)]

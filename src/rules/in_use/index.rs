@@ -4,7 +4,7 @@
 //! The index answers two questions. Which pods does it show needing an object, now: a
 //! hint that may justify a denial, never an allow ([`UserIndex::users`]). And which pods
 //! needed it at a revision read by quorum after the request arrived, once the watch has
-//! caught up with that revision ([`UserIndex::users_at`], see [`crate::revision`]): that
+//! caught up with that revision ([`UserIndex::users_at`], see [`crate::cluster::revision`]): that
 //! answer stands in for the LIST of every pod's spec.
 //!
 //! It also tells a subscriber ([`UserIndex::subscribe`]) which objects' users may have
@@ -28,8 +28,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::Dependent;
 use crate::{
-    references::{self, Kind},
-    revision::{Progress, once_caught_up, parse_revision},
+    cluster::references::{self, Kind},
+    cluster::revision::{Progress, once_caught_up, parse_revision},
 };
 
 /// One watch's pods (a namespace's, or all), indexed by what they need.
@@ -216,7 +216,7 @@ impl Pods {
         let phase = pod.status.as_ref().and_then(|status| status.phase.as_deref());
         let dependent = Dependent {
             terminal: matches!(phase, Some("Succeeded" | "Failed")),
-            ..super::reads::dependent("v1", "Pod", &pod.metadata)
+            ..Dependent::from_metadata("v1", "Pod", &pod.metadata)
         };
         // A status update of a running pod changes no object's users.
         let same = old.as_ref().is_some_and(|old| {

@@ -40,17 +40,18 @@ use tower::ServiceExt;
 use crate::{
     Config, Error, Result,
     api::{self, AppState},
+    certs::reload::CertStore,
+    certs::renewal::Renewer,
+    cluster::lease::{Elector, Leadership},
+    cluster::namespaces::NamespaceCache,
     config::Limits,
-    events::Events,
-    in_use::{InUseLookup, KubeInUse, finalizer::Holder},
-    lease::{Elector, Leadership},
-    lookup::{ClusterLookup, KubeLookup, Unavailable},
-    metrics::Metrics,
-    namespaces::NamespaceCache,
-    owner_refs::Reconciler,
-    pod_cache::PodCache,
-    renewal::Renewer,
-    tls::CertStore,
+    observe::events::Events,
+    observe::metrics::Metrics,
+    rules::Unavailable,
+    rules::in_use::{InUseLookup, KubeInUse, finalizer::Holder},
+    rules::worker::owners::Reconciler,
+    rules::worker::reads::{ClusterLookup, KubeLookup},
+    rules::worker::watch::PodCache,
 };
 
 /// The largest request head: HTTP/1.1's read buffer, HTTP/2's header list. An apiserver
@@ -101,9 +102,15 @@ impl Server {
             Ok(client) => {
                 let metrics = Arc::new(Metrics::default());
                 let events = Events::spawn(client.clone(), metrics.clone());
-                let policy = config.policy.clone();
                 let pods = PodCache::default();
-                let reconciler = Reconciler::new(client.clone(), policy, metrics.clone(), events.clone(), pods.clone());
+                let reconciler = Reconciler::new(
+                    client.clone(),
+                    config.worker.clone(),
+                    config.rules.namespaces.clone(),
+                    metrics.clone(),
+                    events.clone(),
+                    pods.clone(),
+                );
                 let client_for_renewal = client.clone();
                 let (elector, leadership) = match config.lease.clone() {
                     Some(lease) => {
@@ -115,19 +122,19 @@ impl Server {
                         (None, Leadership::always())
                     }
                 };
-                let (namespaces, namespace_watches) = NamespaceCache::watching(&client, &config.policy.namespaces);
+                let (namespaces, namespace_watches) = NamespaceCache::watching(&client, &config.rules.namespaces);
                 tokio::spawn(namespace_watches);
                 let in_use = KubeInUse::new(client.clone());
                 let (in_use, holder) = if config.in_use_protection {
                     let (in_use, pod_watches) =
-                        in_use.watching(&config.policy.namespaces, namespaces.clone(), metrics.clone());
+                        in_use.watching(&config.rules.namespaces, namespaces.clone(), metrics.clone());
                     tokio::spawn(pod_watches);
                     let holder = Holder::new(
                         client.clone(),
                         in_use.clone(),
                         namespaces.clone(),
                         config.in_use_mode,
-                        config.policy.namespaces.clone(),
+                        config.rules.namespaces.clone(),
                         metrics.clone(),
                         events.clone(),
                     );

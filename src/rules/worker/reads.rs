@@ -14,13 +14,12 @@ use tokio::time::Instant;
 
 use crate::{
     Error, Result,
-    in_use::{Dependent, InUseLookup},
-    metrics::Metrics,
-    namespaces::{self, NamespaceCache},
-    pod::{PodState, WorkerPod},
-    pod_cache::{PodCache, PodWatch},
-    references::Kind,
-    revision::{self, CATCH_UP, parse_revision},
+    cluster::namespaces::{self, NamespaceCache},
+    cluster::revision::{self, CATCH_UP, parse_revision},
+    observe::metrics::Metrics,
+    rules::Unavailable,
+    rules::worker::pod::{PodState, WorkerPod},
+    rules::worker::watch::{PodCache, PodWatch},
 };
 
 /// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
@@ -80,11 +79,6 @@ pub struct KubeLookup {
     /// The namespaces as a watch shows them, when [`KubeLookup::with_namespaces`] set it.
     namespaces: NamespaceCache,
 }
-
-/// A [`ClusterLookup`] that always fails: used when no Kubernetes client can be
-/// configured, so the guard still starts, answers, and fails closed.
-#[derive(Debug, Clone)]
-pub struct Unavailable(pub String);
 
 // === impl KubeLookup ===
 
@@ -266,22 +260,6 @@ impl ClusterLookup for Unavailable {
     }
 
     async fn secret_metadata(&self, _: &str, _: &str) -> Result<Option<ObjectMeta>> {
-        Err(Error::KubeConfig(self.0.clone()))
-    }
-
-    async fn namespace_terminating(&self, _: &str) -> Result<bool> {
-        Err(Error::KubeConfig(self.0.clone()))
-    }
-}
-
-/// Without a Kubernetes client every read fails: every in-use delete is denied.
-#[async_trait]
-impl InUseLookup for Unavailable {
-    async fn users(&self, _: &str, _: Kind, _: &str) -> Result<Vec<Dependent>> {
-        Err(Error::KubeConfig(self.0.clone()))
-    }
-
-    async fn object(&self, _: &str, _: &str, _: &str, _: &str) -> Result<Option<Dependent>> {
         Err(Error::KubeConfig(self.0.clone()))
     }
 

@@ -1,0 +1,11 @@
+//! What the guard knows of the cluster, for every rule set: the objects a pod names, the
+//! revisions that gate a watch, the namespaces' watch and the Lease that elects the one
+//! replica doing background writes.
+
+pub mod lease;
+pub mod namespaces;
+pub mod references;
+pub mod revision;
+mod text;
+
+pub use text::Text;
