@@ -19,12 +19,9 @@ use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    cluster::references::Kind,
-    rules::in_use::{self, ObjectDelete},
-    rules::worker::{SecretDelete, Verdict},
+    observe::telemetry::AUDIT_TARGET as TARGET,
+    rules::{AuditFields, Decision},
 };
-
-use crate::observe::telemetry::AUDIT_TARGET as TARGET;
 
 /// The requesting user, as the audit line records it.
 #[derive(Debug, Clone, Copy)]
@@ -51,24 +48,30 @@ pub struct AuditLog {
     recent: Mutex<HashMap<Key, Repeats>>,
 }
 
+/// The object a delete was asked of.
+#[derive(Debug, Clone, Copy)]
+pub struct Deleted<'a> {
+    /// `Secret` or `ConfigMap`.
+    pub kind: &'static str,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its name.
+    pub name: &'a str,
+}
+
 /// What makes two decisions identical.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
+    request: &'static str,
+    rules: Option<&'static str>,
     namespace: String,
-    object: Subject,
+    secret: Option<String>,
+    kind: Option<&'static str>,
+    object: Option<String>,
     decision: &'static str,
     reason: &'static str,
     user: Option<String>,
     dry_run: bool,
-}
-
-/// What a decision was on, by which rules.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Subject {
-    /// A worker secret, under the CDS rules.
-    WorkerSecret(String),
-    /// An opted-in Secret or ConfigMap, under in-use protection.
-    InUse(Kind, String),
 }
 
 /// The repeats of a decision since its last line.
@@ -101,42 +104,35 @@ impl AuditLog {
         }
     }
 
-    /// Records a decision on a worker secret (and any denial): a line now, or a count
+    /// Records a decision (the rule set says which it audits): a line now, or a count
     /// for the summary when it repeats one written within the window.
-    pub fn record(&self, request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict, enforced: bool) {
-        if !verdict.is_protected() && verdict.allowed {
-            return;
-        }
-        let key = Key {
-            namespace: request.namespace.to_owned(),
-            object: Subject::WorkerSecret(request.name.to_owned()),
-            decision: outcome(verdict.allowed, enforced),
-            reason: verdict.reason.code(),
-            user: request.username.map(str::to_owned),
-            dry_run: requester.dry_run,
-        };
-        self.once_per_window(key, || line(request, requester, verdict, enforced));
-    }
-
-    /// Records a decision on an opted-in Secret or ConfigMap, allowed or not (everything
-    /// sent to in-use protection was opted in), as [`AuditLog::record`] does.
-    pub fn record_in_use(
+    pub fn record<D: Decision>(
         &self,
-        request: &ObjectDelete<'_>,
+        deleted: Deleted<'_>,
         who: Who<'_>,
         requester: Requester<'_>,
-        verdict: &in_use::Verdict,
+        decision: &D,
         enforced: bool,
     ) {
+        if !decision.audited() {
+            return;
+        }
+        let fields = decision.audit_fields(deleted.kind, deleted.name);
         let key = Key {
-            namespace: request.namespace.to_owned(),
-            object: Subject::InUse(request.kind, request.name.to_owned()),
-            decision: outcome(verdict.allowed, enforced),
-            reason: verdict.reason.code(),
+            request: D::REQUEST,
+            rules: fields.rules,
+            namespace: deleted.namespace.to_owned(),
+            secret: fields.secret.map(str::to_owned),
+            kind: fields.kind,
+            object: fields.object.map(str::to_owned),
+            decision: outcome(decision.allowed(), enforced),
+            reason: decision.reason(),
             user: who.username.map(str::to_owned),
             dry_run: requester.dry_run,
         };
-        self.once_per_window(key, || in_use_line(request, who, requester, verdict, enforced));
+        self.once_per_window(key, || {
+            line::<D>(deleted.namespace, &fields, who, requester, decision, enforced);
+        });
     }
 
     /// Writes the line of a decision through `write`, unless it repeats one written within
@@ -216,52 +212,36 @@ impl AuditLog {
 }
 
 /// The line of one decision.
-fn line(request: &SecretDelete<'_>, requester: Requester<'_>, verdict: &Verdict, enforced: bool) {
-    let pod = verdict.pod.as_ref();
-    tracing::info!(
-        target: TARGET,
-        audit = true,
-        namespace = request.namespace,
-        secret = request.name,
-        worker = verdict.worker.as_deref(),
-        decision = outcome(verdict.allowed, enforced),
-        reason = verdict.reason.code(),
-        pod = pod.map(|pod| pod.name.as_str()),
-        pod_uid = pod.map(|pod| pod.uid.as_str()),
-        secret_age_seconds = verdict.age.map(|age| age.as_secs()),
-        user = request.username,
-        groups = %request.groups.join(","),
-        request_uid = requester.uid,
-        dry_run = requester.dry_run,
-        detail = %verdict.message,
-        "secret delete {}", outcome(verdict.allowed, enforced),
-    );
-}
-
-/// The line of one in-use decision.
-fn in_use_line(
-    request: &ObjectDelete<'_>,
+fn line<D: Decision>(
+    namespace: &str,
+    fields: &AuditFields<'_>,
     who: Who<'_>,
     requester: Requester<'_>,
-    verdict: &in_use::Verdict,
+    decision: &D,
     enforced: bool,
 ) {
+    let decided = outcome(decision.allowed(), enforced);
     tracing::info!(
         target: TARGET,
         audit = true,
-        rules = "in-use",
-        namespace = request.namespace,
-        kind = request.kind.as_str(),
-        object = request.name,
-        decision = outcome(verdict.allowed, enforced),
-        reason = verdict.reason.code(),
-        pods = %verdict.pods.join(","),
+        rules = fields.rules,
+        namespace,
+        secret = fields.secret,
+        kind = fields.kind,
+        object = fields.object,
+        worker = fields.worker,
+        decision = decided,
+        reason = decision.reason(),
+        pod = fields.pod.map(|(name, _)| name),
+        pod_uid = fields.pod.map(|(_, uid)| uid),
+        secret_age_seconds = fields.secret_age_seconds,
+        pods = fields.pods.as_ref().map(tracing::field::display),
         user = who.username,
         groups = %who.groups.join(","),
         request_uid = requester.uid,
         dry_run = requester.dry_run,
-        detail = %verdict.message,
-        "in-use delete {}", outcome(verdict.allowed, enforced),
+        detail = %decision.message(),
+        "{} {decided}", D::REQUEST,
     );
 }
 
@@ -270,74 +250,34 @@ fn summary(key: &Key, repeats: &Repeats) {
     if repeats.count == 0 {
         return;
     }
-    let first_seen = repeats.first.map(|t| t.to_string());
-    let last_seen = repeats.last.map(|t| t.to_string());
-    match &key.object {
-        Subject::WorkerSecret(secret) => tracing::info!(
-            target: TARGET,
-            audit = true,
-            namespace = key.namespace,
-            secret,
-            decision = key.decision,
-            reason = key.reason,
-            user = key.user.as_deref(),
-            dry_run = key.dry_run,
-            repeated = repeats.count,
-            first_seen,
-            last_seen,
-            "secret delete {} repeated {} times", key.decision, repeats.count,
-        ),
-        Subject::InUse(kind, object) => tracing::info!(
-            target: TARGET,
-            audit = true,
-            rules = "in-use",
-            namespace = key.namespace,
-            kind = kind.as_str(),
-            object,
-            decision = key.decision,
-            reason = key.reason,
-            user = key.user.as_deref(),
-            dry_run = key.dry_run,
-            repeated = repeats.count,
-            first_seen,
-            last_seen,
-            "in-use delete {} repeated {} times", key.decision, repeats.count,
-        ),
-    }
+    tracing::info!(
+        target: TARGET,
+        audit = true,
+        rules = key.rules,
+        namespace = key.namespace,
+        secret = key.secret.as_deref(),
+        kind = key.kind,
+        object = key.object.as_deref(),
+        decision = key.decision,
+        reason = key.reason,
+        user = key.user.as_deref(),
+        dry_run = key.dry_run,
+        repeated = repeats.count,
+        first_seen = repeats.first.map(|t| t.to_string()),
+        last_seen = repeats.last.map(|t| t.to_string()),
+        "{} {} repeated {} times", key.request, key.decision, repeats.count,
+    );
 }
 
-/// The annotations a denial (or a warning) leaves in the apiserver's audit log. The
-/// apiserver prefixes each key with the webhook's name.
-pub fn annotations(verdict: &Verdict) -> Vec<(&'static str, String)> {
-    let decision = if verdict.allowed { "allow" } else { "deny" };
+/// The annotations a decision leaves in the apiserver's audit log. The apiserver
+/// prefixes each key with the webhook's name.
+pub fn annotations<D: Decision>(decision: &D) -> Vec<(&'static str, String)> {
+    let decided = if decision.allowed() { "allow" } else { "deny" };
     let mut annotations = vec![
-        ("decision", decision.to_owned()),
-        ("reason", verdict.reason.code().to_owned()),
-        ("message", verdict.message.clone()),
+        ("decision", decided.to_owned()),
+        ("reason", decision.reason().to_owned()),
+        ("message", decision.message().to_owned()),
     ];
-    if let Some(worker) = &verdict.worker {
-        annotations.push(("worker", worker.clone()));
-    }
-    if let Some(pod) = &verdict.pod {
-        annotations.push(("pod", format!("{} ({})", pod.name, pod.uid)));
-    }
-    if let Some(age) = verdict.age {
-        annotations.push(("secret-age", format!("{}s", age.as_secs())));
-    }
-    annotations
-}
-
-/// The annotations an in-use denial, or a forced delete, leaves in the apiserver's audit
-/// log.
-pub fn in_use_annotations(verdict: &in_use::Verdict) -> Vec<(&'static str, String)> {
-    let decision = if verdict.allowed { "allow" } else { "deny" };
-    let mut annotations = vec![
-        ("decision", decision.to_owned()),
-        ("reason", verdict.reason.code().to_owned()),
-        ("message", verdict.message.clone()),
-    ];
-    if !verdict.pods.is_empty() {
-        annotations.push(("pods", verdict.pods.join(",")));
-    }
+    annotations.extend(decision.annotations());
     annotations
 }

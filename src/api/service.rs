@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::AppState;
 use crate::{
-    api::audit::{self, Requester, Who},
+    api::audit::{self, Deleted, Requester, Who},
     api::review::{Answer, ReviewRequest},
     cluster::references::Kind,
     observe::events,
@@ -21,7 +21,7 @@ use crate::{
     rules::worker::reads::{ClusterLookup, Deadline},
     rules::worker::{self, Reason, SecretDelete, Verdict},
     rules::{
-        self,
+        self, Decision,
         in_use::{self, ObjectDelete},
     },
     rules::{in_use::InUseObject, worker::SecretObject},
@@ -100,39 +100,66 @@ pub async fn validate_delete<'a>(
             Verdict::deny(Reason::LookupFailed, worker, age, message)
         }
     };
+    let deleted = Deleted {
+        kind: "Secret",
+        namespace: delete.namespace,
+        name: delete.name,
+    };
+    let who = Who {
+        username: delete.username,
+        groups: delete.groups,
+    };
+    let uid = old_object.and_then(|secret| secret.uid.as_deref());
+    finish(state, request, deleted, uid, who, &verdict)
+}
+
+/// What every decision on a delete gets, whichever rule set made it: its audit line
+/// (the rule set says which it audits), an Event on a denial or a deferral, its count,
+/// and the answer, with the audit annotations and the message where it has them.
+fn finish<'a, O, D: Decision>(
+    state: &AppState,
+    request: &'a ReviewRequest<'a, O>,
+    deleted: Deleted<'_>,
+    uid: Option<&str>,
+    who: Who<'_>,
+    decision: &D,
+) -> Answer<'a> {
     let enforced = state.rules.enforced();
     let requester = Requester {
         uid: &request.uid,
         dry_run: request.dry_run,
     };
-    state.audit.record(&delete, requester, &verdict, enforced);
+    state.audit.record(deleted, who, requester, decision, enforced);
     // A dry run has no side effect (the webhook says `sideEffects: NoneOnDryRun`).
-    if enforced && !verdict.allowed && !request.dry_run {
-        let uid = old_object.and_then(|secret| secret.uid.as_deref());
-        let secret = events::DeletedRef {
-            kind: "Secret",
-            namespace: delete.namespace,
-            name: delete.name,
+    if !request.dry_run {
+        let object = events::DeletedRef {
+            kind: deleted.kind,
+            namespace: deleted.namespace,
+            name: deleted.name,
             uid,
         };
-        state
-            .events
-            .delete_denied(secret, verdict.reason.code(), &verdict.message);
+        if enforced && !decision.allowed() {
+            state
+                .events
+                .delete_denied(object, decision.reason(), decision.message());
+        } else if decision.deferred() {
+            state.events.delete_deferred(object, decision.message());
+        }
     }
-    let outcome = audit::outcome(verdict.allowed, enforced);
-    state
-        .metrics
-        .decision(WORKER_RULES, "DELETE", outcome, verdict.reason.code());
-    respond(&request.uid, verdict, enforced)
-}
+    let outcome = audit::outcome(decision.allowed(), enforced);
+    state.metrics.decision(D::RULES, "DELETE", outcome, decision.reason());
 
-fn respond(uid: &str, verdict: Verdict, enforced: bool) -> Answer<'_> {
-    let mut answer = Answer::allow(uid);
-    if verdict.allowed {
+    let mut answer = Answer::allow(&request.uid);
+    if !decision.annotated() {
         return answer;
     }
-    answer.audit_annotations = audit::annotations(&verdict);
-    refuse(&mut answer, verdict.message, enforced);
+    answer.audit_annotations = audit::annotations(decision);
+    if !decision.allowed() {
+        refuse(&mut answer, decision.message().to_owned(), enforced);
+    } else if decision.deferred() {
+        // `kubectl` and Helm print it.
+        answer.warnings = vec![decision.message().to_owned()];
+    }
     answer
 }
 
@@ -223,46 +250,19 @@ pub async fn validate_in_use_delete<'a>(
                 .to_owned(),
         ),
     };
-    let enforced = state.rules.enforced();
-    let requester = Requester {
-        uid: &request.uid,
-        dry_run: request.dry_run,
+    let deleted = Deleted {
+        kind: kind.as_str(),
+        namespace: delete.namespace,
+        name: delete.name,
     };
-    state.audit.record_in_use(&delete, who, requester, &verdict, enforced);
-    let deferred = verdict.reason == in_use::Reason::Deferred;
-    if !request.dry_run {
-        let deleted = events::DeletedRef {
-            kind: kind.as_str(),
-            namespace: delete.namespace,
-            name: delete.name,
-            uid: object.and_then(|object| object.uid.as_deref()),
-        };
-        if enforced && !verdict.allowed {
-            state
-                .events
-                .delete_denied(deleted, verdict.reason.code(), &verdict.message);
-        } else if deferred {
-            state.events.delete_deferred(deleted, &verdict.message);
-        }
-    }
-    let outcome = audit::outcome(verdict.allowed, enforced);
-    state
-        .metrics
-        .decision(IN_USE_RULES, "DELETE", outcome, verdict.reason.code());
-
-    let mut answer = Answer::allow(&request.uid);
-    if verdict.allowed && verdict.reason != in_use::Reason::Forced && !deferred {
-        return answer;
-    }
-    // A forced or deferred delete goes through, and the apiserver's audit log says so;
-    // `kubectl` and Helm print a deferral's warning.
-    answer.audit_annotations = audit::in_use_annotations(&verdict);
-    if !verdict.allowed {
-        refuse(&mut answer, verdict.message, enforced);
-    } else if deferred {
-        answer.warnings = vec![verdict.message];
-    }
-    answer
+    finish(
+        state,
+        request,
+        deleted,
+        object.and_then(|object| object.uid.as_deref()),
+        who,
+        &verdict,
+    )
 }
 
 /// The patch for a pod create, if it needs one. The secrets' hatchery label is read by

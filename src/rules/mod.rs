@@ -31,6 +31,70 @@ pub enum Mode {
     Warn,
 }
 
+/// A rule set's decision on one delete, as the tail that answers sees it: the audit line,
+/// the apiserver's audit annotations, the Event, the metric and the answer are all
+/// written from it, the same way for every rule set.
+pub trait Decision {
+    /// The rule set, as the metrics' `rules` label names it.
+    const RULES: &'static str;
+    /// What the audit line calls the request: "<this> allow", "<this> deny".
+    const REQUEST: &'static str;
+
+    /// Whether the delete may proceed.
+    fn allowed(&self) -> bool;
+
+    /// The rule that decided, as a stable code.
+    fn reason(&self) -> &'static str;
+
+    /// What the user is told.
+    fn message(&self) -> &str;
+
+    /// Whether the decision is audited; a delete of nothing the rules protect is not.
+    fn audited(&self) -> bool {
+        true
+    }
+
+    /// Whether the delete goes through but completes later: its answer warns, and an
+    /// Event says so.
+    fn deferred(&self) -> bool {
+        false
+    }
+
+    /// Whether the answer carries the audit annotations: a denial always does.
+    fn annotated(&self) -> bool {
+        !self.allowed()
+    }
+
+    /// What the audit line records of the object `name` of `kind`, and of the decision,
+    /// beyond what every line has.
+    fn audit_fields<'a>(&'a self, kind: &'static str, name: &'a str) -> AuditFields<'a>;
+
+    /// The apiserver's audit annotations beyond `decision`, `reason` and `message`.
+    fn annotations(&self) -> Vec<(&'static str, String)>;
+}
+
+/// The fields of an audit line that say what a decision was on and what it found; a
+/// field left `None` is not written.
+#[derive(Debug, Default)]
+pub struct AuditFields<'a> {
+    /// The rule set, when it is not the worker rules (whose lines predate the field).
+    pub rules: Option<&'static str>,
+    /// A worker secret's name.
+    pub secret: Option<&'a str>,
+    /// The object's kind, where the line names objects of several kinds.
+    pub kind: Option<&'static str>,
+    /// The object's name, with its kind.
+    pub object: Option<&'a str>,
+    /// The worker a secret belongs to.
+    pub worker: Option<&'a str>,
+    /// The pod that protects a worker secret, and its uid.
+    pub pod: Option<(&'a str, &'a str)>,
+    /// A worker secret's age.
+    pub secret_age_seconds: Option<u64>,
+    /// The pods found to keep an object.
+    pub pods: Option<String>,
+}
+
 /// Reads that always fail: the guard without a Kubernetes client still starts, answers,
 /// and fails closed. Each rule set's reads are implemented for it.
 #[derive(Debug, Clone)]

@@ -51,7 +51,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::cluster::references::Kind;
+use crate::{cluster::references::Kind, observe::metrics::IN_USE_RULES};
 
 pub mod finalizer;
 mod index;
@@ -645,6 +645,49 @@ impl Verdict {
             message,
             pods: Vec::new(),
         }
+    }
+}
+
+impl crate::rules::Decision for Verdict {
+    const RULES: &'static str = IN_USE_RULES;
+    const REQUEST: &'static str = "in-use delete";
+
+    fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    fn reason(&self) -> &'static str {
+        self.reason.code()
+    }
+
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn deferred(&self) -> bool {
+        self.reason == Reason::Deferred
+    }
+
+    /// A forced or deferred delete goes through, and the apiserver's audit log says so.
+    fn annotated(&self) -> bool {
+        !self.allowed || matches!(self.reason, Reason::Forced | Reason::Deferred)
+    }
+
+    fn audit_fields<'a>(&'a self, kind: &'static str, name: &'a str) -> crate::rules::AuditFields<'a> {
+        crate::rules::AuditFields {
+            rules: Some(IN_USE_RULES),
+            kind: Some(kind),
+            object: Some(name),
+            pods: Some(self.pods.join(",")),
+            ..crate::rules::AuditFields::default()
+        }
+    }
+
+    fn annotations(&self) -> Vec<(&'static str, String)> {
+        if self.pods.is_empty() {
+            return Vec::new();
+        }
+        vec![("pods", self.pods.join(","))]
     }
 }
 

@@ -35,7 +35,7 @@ use k8s_openapi::{
 };
 
 use self::{pod::PodState, reads::ClusterLookup};
-use crate::rules;
+use crate::{observe::metrics::WORKER_RULES, rules};
 
 /// The worker-secret rules' own settings; what they share with in-use protection is in
 /// [`crate::rules::Settings`].
@@ -530,6 +530,51 @@ impl Verdict {
     /// Whether the secret is a worker secret (every decision on one is audited).
     pub fn is_protected(&self) -> bool {
         self.worker.is_some()
+    }
+}
+
+impl rules::Decision for Verdict {
+    const RULES: &'static str = WORKER_RULES;
+    const REQUEST: &'static str = "secret delete";
+
+    fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    fn reason(&self) -> &'static str {
+        self.reason.code()
+    }
+
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn audited(&self) -> bool {
+        self.is_protected() || !self.allowed
+    }
+
+    fn audit_fields<'a>(&'a self, _kind: &'static str, name: &'a str) -> rules::AuditFields<'a> {
+        rules::AuditFields {
+            secret: Some(name),
+            worker: self.worker.as_deref(),
+            pod: self.pod.as_ref().map(|pod| (pod.name.as_str(), pod.uid.as_str())),
+            secret_age_seconds: self.age.map(|age| age.as_secs()),
+            ..rules::AuditFields::default()
+        }
+    }
+
+    fn annotations(&self) -> Vec<(&'static str, String)> {
+        let mut annotations = Vec::new();
+        if let Some(worker) = &self.worker {
+            annotations.push(("worker", worker.clone()));
+        }
+        if let Some(pod) = &self.pod {
+            annotations.push(("pod", format!("{} ({})", pod.name, pod.uid)));
+        }
+        if let Some(age) = self.age {
+            annotations.push(("secret-age", format!("{}s", age.as_secs())));
+        }
+        annotations
     }
 }
 
