@@ -8,12 +8,14 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use kube::core::admission::Operation;
+use serde::Deserialize;
 use tracing::{Instrument, Span};
 
 use super::{AppState, service};
 use crate::{
-    api::review::{self, Answer, RequestDeadline, ReviewBody, ReviewRequest, is_for, reply},
+    api::review::{self, Answer, ApiError, RequestDeadline, ReviewBody, ReviewRequest, is_for, reply},
     cluster::references::Kind,
+    observe::metrics::AdmissionTimer,
     rules::worker::pod::PodObject,
     rules::{in_use::InUseObject, worker::SecretObject},
 };
@@ -52,12 +54,10 @@ pub async fn validate(
     Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
     ReviewBody(body): ReviewBody,
 ) -> Response {
-    let request = match review::decode::<SecretObject>(&body) {
-        Ok(request) => request,
+    let (request, span, _timer) = match open::<SecretObject>(&state, "validate", &body) {
+        Ok(opened) => opened,
         Err(error) => return error.into_response(),
     };
-    let _timer = state.metrics.time_admission("validate");
-    let span = review_span("validate", &request);
     let answer = if is_for(&request, "Secret", Operation::Delete) {
         service::validate_delete(&state, &request, deadline)
             .instrument(span)
@@ -76,12 +76,10 @@ pub async fn validate_in_use(
     Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
     ReviewBody(body): ReviewBody,
 ) -> Response {
-    let request = match review::decode::<InUseObject>(&body) {
-        Ok(request) => request,
+    let (request, span, _timer) = match open::<InUseObject>(&state, "validate-in-use", &body) {
+        Ok(opened) => opened,
         Err(error) => return error.into_response(),
     };
-    let _timer = state.metrics.time_admission("validate-in-use");
-    let span = review_span("validate-in-use", &request);
     let kind = [Kind::Secret, Kind::ConfigMap]
         .into_iter()
         .find(|kind| is_for(&request, kind.as_str(), Operation::Delete));
@@ -107,12 +105,10 @@ pub async fn mutate(
     Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
     ReviewBody(body): ReviewBody,
 ) -> Response {
-    let request = match review::decode::<PodObject>(&body) {
-        Ok(request) => request,
+    let (request, span, _timer) = match open::<PodObject>(&state, "mutate", &body) {
+        Ok(opened) => opened,
         Err(error) => return error.into_response(),
     };
-    let _timer = state.metrics.time_admission("mutate");
-    let span = review_span("mutate", &request);
     let mut answer = Answer::allow(&request.uid);
     if !is_for(&request, "Pod", Operation::Create) {
         span.in_scope(|| tracing::debug!(kind = %request.kind.kind, "not a pod create, allowed untouched"));
@@ -130,6 +126,19 @@ pub async fn mutate(
         }
     }
     reply(&answer)
+}
+
+/// The review in `body`, decoded for `endpoint`, with its span and the timer of its
+/// answer; or why the body is no review.
+fn open<'a, O: Deserialize<'a>>(
+    state: &'a AppState,
+    endpoint: &'static str,
+    body: &'a [u8],
+) -> Result<(ReviewRequest<'a, O>, Span, AdmissionTimer<'a>), ApiError> {
+    let request = review::decode::<O>(body)?;
+    let timer = state.metrics.time_admission(endpoint);
+    let span = review_span(endpoint, &request);
+    Ok((request, span, timer))
 }
 
 /// The span of one review, every field set at its creation: each later `record` makes

@@ -18,11 +18,11 @@ use crate::{
     observe::metrics::{DecisionLabels, IN_USE_RULES, WORKER_RULES},
     rules::worker::mutation,
     rules::worker::pod::PodObject,
-    rules::worker::reads::{ClusterLookup, Deadline},
+    rules::worker::reads::ClusterLookup,
     rules::worker::{self, Reason, SecretDelete, Verdict},
     rules::{
         self, Decision,
-        in_use::{self, ObjectDelete},
+        in_use::{self, InUseLookup, ObjectDelete},
     },
     rules::{in_use::InUseObject, worker::SecretObject},
 };
@@ -83,7 +83,7 @@ pub async fn validate_delete<'a>(
         username: request.user_info.username.as_deref(),
         groups: request.user_info.groups.as_deref().unwrap_or_default(),
     };
-    let lookup = Deadline::new(&state.lookup, state.rules.lookup_timeout);
+    let lookup = state.lookup.within(state.rules.lookup_timeout);
     let decision = worker::decide(&state.rules, &state.worker, &delete, &lookup, Timestamp::now());
     let verdict = match tokio::time::timeout_at(deadline, decision).await {
         Ok(verdict) => verdict,
@@ -230,7 +230,7 @@ pub async fn validate_in_use_delete<'a>(
     let verdict = match &state.in_use {
         Some(lookup) => {
             let deadline = deadline.min(Instant::now() + state.rules.lookup_timeout);
-            match tokio::time::timeout_at(deadline, in_use::decide(&delete, lookup.as_ref())).await {
+            match tokio::time::timeout_at(deadline, in_use::decide(&delete, lookup)).await {
                 Ok(verdict) => verdict,
                 Err(_) => in_use::Verdict::deny(
                     in_use::Reason::LookupFailed,
@@ -289,7 +289,7 @@ pub async fn mutate_pod(
     let hatchery = match (&worker, request.namespace.as_deref()) {
         (Some(_), Some(namespace)) if !pod.has_label(&policy.hatchery_label) => {
             let deadline = deadline.min(Instant::now() + state.mutation_timeout);
-            let lookup = Deadline::until(&state.lookup, deadline);
+            let lookup = state.lookup.until(deadline);
             hatchery_of(state, &lookup, namespace, &secrets).await
         }
         _ => None,

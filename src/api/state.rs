@@ -13,9 +13,9 @@ use crate::{
     config::Limits,
     observe::events::Events,
     observe::metrics::Metrics,
-    rules::worker::reads::{ClusterLookup, Metered},
+    rules::worker::reads::ClusterLookup,
     rules::{
-        self,
+        self, Bounded,
         in_use::{self, InUseLookup},
         worker,
     },
@@ -28,9 +28,9 @@ pub struct AppState {
     /// The worker-secret rules' own settings.
     pub(crate) worker: worker::Settings,
     /// Quorum reads, timed and counted.
-    pub(crate) lookup: Metered,
+    pub(crate) lookup: Bounded<dyn ClusterLookup>,
     /// In-use protection's reads, when it is on (`--in-use-protection`).
-    pub(crate) in_use: Option<Arc<dyn InUseLookup>>,
+    pub(crate) in_use: Option<Bounded<dyn InUseLookup>>,
     /// What the opt-in label's `enabled` asks for (`--in-use-mode`).
     pub(crate) in_use_mode: in_use::Mode,
     pub(crate) metrics: Arc<Metrics>,
@@ -70,8 +70,8 @@ impl AppState {
         Self {
             rules: config.rules.clone(),
             worker: config.worker.clone(),
-            lookup: Metered::new(lookup, metrics.clone()),
-            in_use: config.in_use_protection.then_some(in_use),
+            lookup: Bounded::new(lookup, metrics.clone()),
+            in_use: config.in_use_protection.then(|| Bounded::new(in_use, metrics.clone())),
             in_use_mode: config.in_use_mode,
             metrics,
             audit: Arc::new(AuditLog::new(config.audit_window)),

@@ -3,16 +3,14 @@
 
 use std::{
     fs,
-    net::IpAddr,
     path::{Path, PathBuf},
 };
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
 use time::{Duration, OffsetDateTime};
+
+use super::renewal::pki;
 
 use crate::{Error, Result};
 
@@ -42,7 +40,7 @@ pub fn write(out: &Path, hosts: &[String]) -> Result<CertFiles> {
     } else {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
-        params.distinguished_name = name("cds-secret-guard development CA");
+        params.distinguished_name = pki::distinguished_name("cds-secret-guard development CA");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         (params.not_before, params.not_after) = validity(Duration::days(3650));
         params.key_usages = vec![
@@ -57,17 +55,7 @@ pub fn write(out: &Path, hosts: &[String]) -> Result<CertFiles> {
     };
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)?;
 
-    let mut params = CertificateParams::default();
-    params.distinguished_name = name(hosts.first().map_or("cds-secret-guard", String::as_str));
-    params.subject_alt_names = hosts
-        .iter()
-        .map(|host| match host.parse::<IpAddr>() {
-            Ok(ip) => Ok(SanType::IpAddress(ip)),
-            Err(_) => host.clone().try_into().map(SanType::DnsName),
-        })
-        .collect::<Result<_, rcgen::Error>>()?;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let mut params = pki::leaf_params(hosts)?;
     (params.not_before, params.not_after) = validity(Duration::days(365));
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &issuer)?;
@@ -88,12 +76,6 @@ pub fn write(out: &Path, hosts: &[String]) -> Result<CertFiles> {
 fn validity(lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
     let now = OffsetDateTime::now_utc();
     (now - Duration::hours(1), now + lifetime)
-}
-
-fn name(common_name: &str) -> DistinguishedName {
-    let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, common_name);
-    name
 }
 
 fn read(path: &Path) -> Result<String> {

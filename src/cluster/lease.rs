@@ -137,6 +137,43 @@ impl Leadership {
             std::future::pending::<()>().await;
         }
     }
+
+    /// A term of leadership, begun now: it ends when this replica stops leading, when
+    /// `shutdown` is cancelled, or when [`Term::end`] is called.
+    pub fn term(&self, shutdown: &CancellationToken) -> Term {
+        let ended = shutdown.child_token();
+        let lost = tokio::spawn({
+            let (ended, mut leadership) = (ended.clone(), self.clone());
+            async move {
+                tokio::select! {
+                    () = leadership.lost() => ended.cancel(),
+                    () = ended.cancelled() => {}
+                }
+            }
+        });
+        Term { ended, lost }
+    }
+}
+
+/// One term of leadership ([`Leadership::term`]).
+pub struct Term {
+    ended: CancellationToken,
+    lost: tokio::task::JoinHandle<()>,
+}
+
+// === impl Term ===
+
+impl Term {
+    /// Cancelled when the term ends.
+    pub fn ended(&self) -> CancellationToken {
+        self.ended.clone()
+    }
+
+    /// Ends the term, once the work done in it has stopped.
+    pub async fn end(self) {
+        self.ended.cancel();
+        let _ = self.lost.await;
+    }
 }
 
 // === impl Elector ===

@@ -81,26 +81,19 @@ impl Events {
         }
     }
 
-    /// A delete of `object` was refused, for `reason` (a rule's code). Nothing is built
-    /// when there is nowhere to send it.
+    /// A delete of `object` was refused, for `reason` (a rule's code).
     pub fn delete_denied(&self, object: DeletedRef<'_>, reason: &str, message: &str) {
-        if self.queue.is_none() {
-            return;
-        }
-        self.send(Note {
-            object: ObjectReference {
-                kind: Some(object.kind.to_owned()),
-                ..secret_reference(object.namespace, object.name, object.uid)
-            },
-            reason: "DeleteDenied",
-            action: deny_action(reason),
-            message: message.to_owned(),
-            related: None,
-        });
+        self.on_delete(object, "DeleteDenied", || deny_action(reason), message);
     }
 
     /// A delete of `object` was accepted and deferred until no pod uses it.
     pub fn delete_deferred(&self, object: DeletedRef<'_>, message: &str) {
+        self.on_delete(object, "DeleteDeferred", || "DeferDelete".to_owned(), message);
+    }
+
+    /// What became of a delete of `object`. Nothing is built when there is nowhere to
+    /// send it.
+    fn on_delete(&self, object: DeletedRef<'_>, reason: &'static str, action: impl FnOnce() -> String, message: &str) {
         if self.queue.is_none() {
             return;
         }
@@ -109,8 +102,8 @@ impl Events {
                 kind: Some(object.kind.to_owned()),
                 ..secret_reference(object.namespace, object.name, object.uid)
             },
-            reason: "DeleteDeferred",
-            action: "DeferDelete".to_owned(),
+            reason,
+            action: action(),
             message: message.to_owned(),
             related: None,
         });

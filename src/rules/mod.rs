@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 pub mod in_use;
+mod reads;
 pub mod worker;
+
+pub use reads::{Bounded, Unavailable};
 
 /// What every rule set shares: who is exempt, which namespaces are protected, whether
 /// denials are enforced, and how long the reads behind one decision may take.
@@ -94,11 +97,6 @@ pub struct AuditFields<'a> {
     /// The pods found to keep an object.
     pub pods: Option<String>,
 }
-
-/// Reads that always fail: the guard without a Kubernetes client still starts, answers,
-/// and fails closed. Each rule set's reads are implemented for it.
-#[derive(Debug, Clone)]
-pub struct Unavailable(pub String);
 
 // === impl Settings ===
 

@@ -63,6 +63,19 @@ pub fn new_ca(name: &str, now: i64, not_after: i64) -> Result<KeyPem> {
 /// A serving certificate for `hosts`, signed by `ca`, valid until `not_after`.
 pub fn sign_leaf(ca: &KeyPem, hosts: &[String], now: i64, not_after: i64) -> Result<KeyPem> {
     let issuer = Issuer::from_ca_cert_pem(&ca.cert, KeyPair::from_pem(&ca.key)?)?;
+    let mut params = leaf_params(hosts)?;
+    (params.not_before, params.not_after) = (time(now - BACKDATE)?, time(not_after)?);
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(KeyPem {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}
+
+/// What a serving certificate for `hosts` says, its validity aside: named after the
+/// first host, for every host by DNS name or IP address, for TLS servers only.
+pub fn leaf_params(hosts: &[String]) -> Result<CertificateParams, rcgen::Error> {
     let mut params = CertificateParams::default();
     params.distinguished_name = distinguished_name(hosts.first().map_or("cds-secret-guard", String::as_str));
     params.subject_alt_names = hosts
@@ -74,13 +87,7 @@ pub fn sign_leaf(ca: &KeyPem, hosts: &[String], now: i64, not_after: i64) -> Res
         .collect::<Result<_, rcgen::Error>>()?;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    (params.not_before, params.not_after) = (time(now - BACKDATE)?, time(not_after)?);
-    let key = KeyPair::generate()?;
-    let cert = params.signed_by(&key, &issuer)?;
-    Ok(KeyPem {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    })
+    Ok(params)
 }
 
 /// The certificates of a PEM bundle; what does not parse is left out.
@@ -191,7 +198,8 @@ fn time(unix: i64) -> Result<OffsetDateTime> {
     OffsetDateTime::from_unix_timestamp(unix).map_err(|error| Error::Tls(format!("time {unix}: {error}")))
 }
 
-fn distinguished_name(common_name: &str) -> DistinguishedName {
+/// A name of its common name alone.
+pub(crate) fn distinguished_name(common_name: &str) -> DistinguishedName {
     let mut name = DistinguishedName::new();
     name.push(DnType::CommonName, common_name);
     name

@@ -67,6 +67,7 @@ use crate::{
     cluster::references::Kind,
     observe::events::{DeletedRef, Events},
     observe::metrics::Metrics,
+    rules::Bounded,
 };
 
 /// Objects reconciled at once, per controller.
@@ -132,6 +133,8 @@ impl Protected for ConfigMap {
 pub struct Holder {
     client: Client,
     lookup: KubeInUse,
+    /// The same reads, timed and counted: what a release is decided on.
+    reads: Bounded<dyn InUseLookup>,
     namespaces: NamespaceCache,
     /// What `enabled` asks for.
     default_mode: Mode,
@@ -164,6 +167,7 @@ impl Holder {
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
+            reads: Bounded::new(Arc::new(lookup.clone()), metrics.clone()),
             lookup,
             namespaces,
             default_mode,
@@ -177,21 +181,11 @@ impl Holder {
     /// Holds and releases while `leadership` says so, until `shutdown`.
     pub async fn run(self: Arc<Self>, mut leadership: Leadership, shutdown: CancellationToken) {
         while leadership.gained().await && !shutdown.is_cancelled() {
-            let ended = shutdown.child_token();
-            let lost = tokio::spawn({
-                let (ended, mut leadership) = (ended.clone(), leadership.clone());
-                async move {
-                    tokio::select! {
-                        () = leadership.lost() => ended.cancel(),
-                        () = ended.cancelled() => {}
-                    }
-                }
-            });
+            let term = leadership.term(&shutdown);
             tracing::debug!("in-use finalizer term begins");
-            self.clone().hold_until(ended.clone()).await;
+            self.clone().hold_until(term.ended()).await;
             tracing::debug!("in-use finalizer term ends");
-            ended.cancel();
-            let _ = lost.await;
+            term.end().await;
         }
     }
 
@@ -439,7 +433,7 @@ async fn release_when_unused<K: Protected>(
         exempt: false,
         mode: Mode::Refuse,
     };
-    let verdict = may_release(&delete, &holder.lookup).await;
+    let verdict = may_release(&delete, &holder.reads).await;
     if verdict.reason == super::Reason::LookupFailed {
         return Err(Error::Conflict(verdict.message));
     }

@@ -35,7 +35,7 @@ use crate::{
     cluster::references::Kind,
     cluster::revision::{self, CATCH_UP},
     observe::metrics::Metrics,
-    rules::Unavailable,
+    rules::{Bounded, Unavailable},
 };
 
 /// Pods per page of the namespace's LIST: a page's specs are held at once, never more.
@@ -88,7 +88,7 @@ pub struct KubeInUse {
     /// The pod watches' indexes, one per watched namespace or one for all.
     indexes: Arc<Vec<Arc<UserIndex>>>,
     namespaces: NamespaceCache,
-    /// Times the reads and counts where the users were read from, when set.
+    /// Counts where the users were read from, when set.
     metrics: Option<Arc<Metrics>>,
     /// The namespaces' LISTs, shared by the reads that wait for them.
     lists: Arc<Lists>,
@@ -228,16 +228,6 @@ impl KubeInUse {
             metrics.in_use_read(from_index);
         }
     }
-
-    async fn timed<T>(&self, read: impl Future<Output = Result<T>>) -> Result<T> {
-        let Some(metrics) = &self.metrics else {
-            return read.await;
-        };
-        let timer = metrics.time_lookup();
-        let result = read.await;
-        timer.finish(result.is_err());
-        result
-    }
 }
 
 /// Feeds `index` from a watch of its scope's pods, all along.
@@ -260,31 +250,27 @@ async fn watch_pods(client: Client, index: Arc<UserIndex>) {
 #[async_trait]
 impl InUseLookup for KubeInUse {
     async fn users(&self, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Dependent>> {
-        let read = async {
-            let Some(index) = self.index(namespace).filter(|index| index.is_busy(CATCH_UP)) else {
-                self.count(false);
-                return self.list_users(namespace, kind, name).await;
-            };
-            let found = match revision::current(&self.client, namespace, name).await? {
-                Some(revision) => index.users_at(revision, namespace, kind, name, CATCH_UP).await,
-                None => None,
-            };
-            self.count(found.is_some());
-            match found {
-                Some(users) => Ok(users),
-                None => self.list_users(namespace, kind, name).await,
-            }
+        let Some(index) = self.index(namespace).filter(|index| index.is_busy(CATCH_UP)) else {
+            self.count(false);
+            return self.list_users(namespace, kind, name).await;
         };
-        self.timed(read).await
+        let found = match revision::current(&self.client, namespace, name).await? {
+            Some(revision) => index.users_at(revision, namespace, kind, name, CATCH_UP).await,
+            None => None,
+        };
+        self.count(found.is_some());
+        match found {
+            Some(users) => Ok(users),
+            None => self.list_users(namespace, kind, name).await,
+        }
     }
 
     async fn object(&self, namespace: &str, api_version: &str, kind: &str, name: &str) -> Result<Option<Dependent>> {
-        self.timed(self.get_object(namespace, api_version, kind, name)).await
+        self.get_object(namespace, api_version, kind, name).await
     }
 
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
-        self.timed(namespaces::terminating(&self.client, &self.namespaces, namespace))
-            .await
+        namespaces::terminating(&self.client, &self.namespaces, namespace).await
     }
 
     fn cached_users(&self, namespace: &str, kind: Kind, name: &str) -> Vec<Dependent> {
@@ -350,5 +336,29 @@ impl InUseLookup for Unavailable {
 
     async fn namespace_terminating(&self, _: &str) -> Result<bool> {
         Err(Error::KubeConfig(self.0.clone()))
+    }
+}
+
+/// Every read timed and counted, and bounded by the decision's deadline when it has one.
+#[async_trait]
+impl InUseLookup for Bounded<dyn InUseLookup> {
+    async fn users(&self, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Dependent>> {
+        self.read(self.inner().users(namespace, kind, name)).await
+    }
+
+    async fn object(&self, namespace: &str, api_version: &str, kind: &str, name: &str) -> Result<Option<Dependent>> {
+        self.read(self.inner().object(namespace, api_version, kind, name)).await
+    }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
+        self.read(self.inner().namespace_terminating(namespace)).await
+    }
+
+    fn cached_users(&self, namespace: &str, kind: Kind, name: &str) -> Vec<Dependent> {
+        self.inner().cached_users(namespace, kind, name)
+    }
+
+    fn namespace_labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        self.inner().namespace_labels(namespace)
     }
 }

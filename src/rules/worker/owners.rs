@@ -238,24 +238,14 @@ impl Reconciler {
             while leadership.gained().await && !shutdown.is_cancelled() {
                 let (sender, receiver) = mpsc::unbounded();
                 *lock(&term) = Some(sender);
-                let ended = shutdown.child_token();
-                let lost = tokio::spawn({
-                    let (ended, mut leadership) = (ended.clone(), leadership.clone());
-                    async move {
-                        tokio::select! {
-                            () = leadership.lost() => ended.cancel(),
-                            () = ended.cancelled() => {}
-                        }
-                    }
-                });
+                let leader = leadership.term(&shutdown);
                 tracing::debug!(namespace = namespace.as_deref(), "adoption term begins");
                 self.clone()
-                    .adopt_until(namespace.as_deref(), receiver, pods.clone(), ended.clone())
+                    .adopt_until(namespace.as_deref(), receiver, pods.clone(), leader.ended())
                     .await;
                 tracing::debug!(namespace = namespace.as_deref(), "adoption term ends");
                 *lock(&term) = None;
-                ended.cancel();
-                let _ = lost.await;
+                leader.end().await;
             }
         };
         join(watch, terms).await;

@@ -5,21 +5,20 @@
 //! never with `resourceVersion=0`. Deciding "pod absent" from a stale read is exactly the
 //! bug this guard exists to stop.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{Api, Client, api::ListParams};
-use tokio::time::Instant;
 
 use crate::{
     Error, Result,
     cluster::namespaces::{self, NamespaceCache},
     cluster::revision::{self, CATCH_UP, parse_revision},
     observe::metrics::Metrics,
-    rules::Unavailable,
     rules::worker::pod::{PodState, WorkerPod},
     rules::worker::watch::{PodCache, PodWatch},
+    rules::{Bounded, Unavailable},
 };
 
 /// Pods per page of the worker-label LIST. The apiserver's priority and fairness charges
@@ -268,131 +267,45 @@ impl ClusterLookup for Unavailable {
     }
 }
 
-/// A [`ClusterLookup`] that times every read and counts the failed ones.
-pub struct Metered {
-    inner: Arc<dyn ClusterLookup>,
-    metrics: Arc<Metrics>,
-}
-
-// === impl Metered ===
-
-impl Metered {
-    /// Measures the reads of `inner`.
-    pub fn new(inner: Arc<dyn ClusterLookup>, metrics: Arc<Metrics>) -> Self {
-        Self { inner, metrics }
-    }
-
-    async fn measure<T>(&self, read: impl Future<Output = Result<T>>) -> Result<T> {
-        let timer = self.metrics.time_lookup();
-        let result = read.await;
-        timer.finish(result.is_err());
-        result
-    }
-}
-
+/// Every read on the request path timed, counted and bounded by the decision's deadline.
 #[async_trait]
-impl ClusterLookup for Metered {
+impl ClusterLookup for Bounded<dyn ClusterLookup> {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
-        self.measure(self.inner.pod(namespace, name)).await
+        self.read(self.inner().pod(namespace, name)).await
     }
 
     async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
-        self.measure(self.inner.pods_labelled(namespace, label, value)).await
+        self.read(self.inner().pods_labelled(namespace, label, value)).await
     }
 
+    /// One read with two answers: one timer, failed if either failed; past the deadline,
+    /// both fail.
     async fn namesake_and_labelled(
         &self,
         namespace: &str,
         label: &str,
         worker: &str,
     ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
-        let timer = self.metrics.time_lookup();
-        let (namesake, labelled) = self.inner.namesake_and_labelled(namespace, label, worker).await;
+        let timer = self.time();
+        let read = self.inner().namesake_and_labelled(namespace, label, worker);
+        let (namesake, labelled) = self
+            .within_deadline(read, |budget| {
+                (Err(Error::Timeout(budget)), Err(Error::Timeout(budget)))
+            })
+            .await;
         timer.finish(namesake.is_err() || labelled.is_err());
         (namesake, labelled)
     }
 
     async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
-        self.measure(self.inner.secret_metadata(namespace, name)).await
+        self.read(self.inner().secret_metadata(namespace, name)).await
     }
 
     async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
-        self.measure(self.inner.namespace_terminating(namespace)).await
+        self.read(self.inner().namespace_terminating(namespace)).await
     }
 
     fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {
-        self.inner.cached_pod(namespace, name)
-    }
-}
-
-/// The reads of one decision, sharing one deadline: a read still running at the
-/// deadline fails with [`Error::Timeout`], and the policy fails closed.
-pub struct Deadline<'a> {
-    inner: &'a dyn ClusterLookup,
-    deadline: Instant,
-    budget: Duration,
-}
-
-// === impl Deadline ===
-
-impl<'a> Deadline<'a> {
-    /// Reads through `inner` for at most `budget` from now.
-    pub fn new(inner: &'a dyn ClusterLookup, budget: Duration) -> Self {
-        Self {
-            inner,
-            deadline: Instant::now() + budget,
-            budget,
-        }
-    }
-
-    /// Reads through `inner` until `deadline`.
-    pub fn until(inner: &'a dyn ClusterLookup, deadline: Instant) -> Self {
-        let budget = deadline.saturating_duration_since(Instant::now());
-        Self {
-            inner,
-            deadline,
-            budget,
-        }
-    }
-
-    async fn within<T>(&self, read: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::time::timeout_at(self.deadline, read)
-            .await
-            .unwrap_or(Err(Error::Timeout(self.budget)))
-    }
-}
-
-#[async_trait]
-impl ClusterLookup for Deadline<'_> {
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodState>> {
-        self.within(self.inner.pod(namespace, name)).await
-    }
-
-    async fn pods_labelled(&self, namespace: &str, label: &str, value: &str) -> Result<Vec<PodState>> {
-        self.within(self.inner.pods_labelled(namespace, label, value)).await
-    }
-
-    async fn namesake_and_labelled(
-        &self,
-        namespace: &str,
-        label: &str,
-        worker: &str,
-    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
-        let read = self.inner.namesake_and_labelled(namespace, label, worker);
-        tokio::time::timeout_at(self.deadline, read)
-            .await
-            .unwrap_or_else(|_| (Err(Error::Timeout(self.budget)), Err(Error::Timeout(self.budget))))
-    }
-
-    async fn secret_metadata(&self, namespace: &str, name: &str) -> Result<Option<ObjectMeta>> {
-        self.within(self.inner.secret_metadata(namespace, name)).await
-    }
-
-    async fn namespace_terminating(&self, namespace: &str) -> Result<bool> {
-        self.within(self.inner.namespace_terminating(namespace)).await
-    }
-
-    fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodState> {
-        self.inner.cached_pod(namespace, name)
+        self.inner().cached_pod(namespace, name)
     }
 }
