@@ -2,6 +2,7 @@
 //! revisions that gate a watch, the namespaces' watch and the Lease that elects the one
 //! replica doing background writes.
 
+pub mod gate;
 pub mod lease;
 pub mod namespaces;
 pub mod references;

@@ -18,37 +18,27 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::{Mutex, MutexGuard},
+    sync::Mutex,
     time::Duration,
 };
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use super::Dependent;
-use crate::{
-    cluster::references::{self, Kind},
-    cluster::revision::{Progress, once_caught_up, parse_revision},
+use crate::cluster::{
+    gate::{Gated, Index},
+    references::{self, Kind},
 };
 
 /// One watch's pods (a namespace's, or all), indexed by what they need.
 pub struct UserIndex {
     /// The namespace watched, or `None` for all.
     scope: Option<String>,
-    state: Mutex<IndexState>,
-    /// The revision, for the reads waiting for the watch to catch up.
-    revision: watch::Sender<u64>,
+    pods: Gated<Pods>,
     /// Where the objects whose users changed are sent, while someone listens.
     changes: Mutex<Option<mpsc::UnboundedSender<ObjectKey>>>,
-}
-
-struct IndexState {
-    pods: Pods,
-    /// The pods of a relist in progress, until it is done.
-    relist: Option<Pods>,
-    /// Every change up to its revision is in `pods`.
-    progress: Progress,
 }
 
 /// (namespace, name) of a pod.
@@ -61,8 +51,6 @@ struct Pods {
     pods: HashMap<PodKey, Indexed>,
     /// The names of the pods that need each object.
     users: HashMap<ObjectKey, BTreeSet<String>>,
-    /// The newest revision among the pods.
-    newest: u64,
 }
 
 /// A pod as the rules read it, and the objects its spec needs.
@@ -79,12 +67,7 @@ impl UserIndex {
     pub fn new(scope: Option<String>) -> Self {
         Self {
             scope,
-            state: Mutex::new(IndexState {
-                pods: Pods::default(),
-                relist: None,
-                progress: Progress::default(),
-            }),
-            revision: watch::Sender::new(0),
+            pods: Gated::new(Pods::default()),
             changes: Mutex::default(),
         }
     }
@@ -108,38 +91,7 @@ impl UserIndex {
 
     /// Takes one event of the watch.
     pub fn observe(&self, event: &Event<Pod>) {
-        let mut changed = Vec::new();
-        let mut state = self.lock();
-        match event {
-            Event::Apply(pod) => {
-                changed = state.pods.insert(pod);
-                state.progress.advance(revision_of(pod));
-            }
-            Event::Delete(pod) => {
-                changed = state.pods.remove(pod);
-                state.progress.advance(revision_of(pod));
-            }
-            Event::Init => state.relist = Some(Pods::default()),
-            Event::InitApply(pod) => {
-                if let Some(relist) = state.relist.as_mut() {
-                    relist.insert(pod);
-                }
-            }
-            Event::InitDone => {
-                if let Some(relist) = state.relist.take() {
-                    // The list's own revision is not in the events; its newest pod's is no
-                    // newer, so the claim stays true.
-                    state.progress.revision = relist.newest;
-                    let replaced = std::mem::replace(&mut state.pods, relist);
-                    changed = replaced.users.into_keys().collect();
-                    changed.extend(state.pods.users.keys().cloned());
-                }
-            }
-        }
-        let revision = state.progress.revision;
-        drop(state);
-        self.revision
-            .send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
+        let changed = self.pods.observe(event);
         if !changed.is_empty()
             && let Some(changes) = self
                 .changes
@@ -157,13 +109,13 @@ impl UserIndex {
     /// quicker than a LIST: the last two came within `within` of each other, the last one
     /// within `within` of now.
     pub fn is_busy(&self, within: Duration) -> bool {
-        self.lock().progress.is_busy(within)
+        self.pods.is_busy(within)
     }
 
     /// The pods the index shows needing the object now: a hint, never the proof of an
     /// absence.
     pub fn users(&self, namespace: &str, kind: Kind, name: &str) -> Vec<Dependent> {
-        self.lock().pods.users(namespace, kind, name)
+        self.pods.now(|pods| pods.users(namespace, kind, name))
     }
 
     /// The pods that need the object, once the watch has caught up with `revision`;
@@ -176,26 +128,38 @@ impl UserIndex {
         name: &str,
         within: Duration,
     ) -> Option<Vec<Dependent>> {
-        once_caught_up(&self.revision, within, || {
-            let state = self.lock();
-            (state.progress.revision >= revision).then(|| state.pods.users(namespace, kind, name))
-        })
-        .await
-    }
-
-    fn lock(&self) -> MutexGuard<'_, IndexState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pods
+            .at(revision, within, |pods| pods.users(namespace, kind, name))
+            .await
     }
 }
 
 // === impl Pods ===
 
+impl Index for Pods {
+    type Object = Pod;
+    type Relist = Pods;
+    type Change = ObjectKey;
+
+    fn apply(&mut self, pod: &Pod, deleted: bool, changes: &mut Vec<ObjectKey>) {
+        changes.extend(if deleted { self.remove(pod) } else { self.insert(pod) });
+    }
+
+    fn relist(relist: &mut Pods, pod: &Pod) {
+        relist.insert(pod);
+    }
+
+    /// Every object needed before or after has its users changed.
+    fn replace(&mut self, relist: Pods, changes: &mut Vec<ObjectKey>) {
+        let replaced = std::mem::replace(self, relist);
+        changes.extend(replaced.users.into_keys());
+        changes.extend(self.users.keys().cloned());
+    }
+}
+
 impl Pods {
     /// Keeps `pod`; returns the objects whose users changed with it.
     fn insert(&mut self, pod: &Pod) -> Vec<ObjectKey> {
-        if let Some(revision) = revision_of(pod) {
-            self.newest = self.newest.max(revision);
-        }
         let Some(key) = key(pod) else { return Vec::new() };
         let old = self.remove_key(&key);
         let mut needs = Vec::new();
@@ -271,10 +235,6 @@ impl Pods {
             .map(|indexed| indexed.pod.clone())
             .collect()
     }
-}
-
-fn revision_of(pod: &Pod) -> Option<u64> {
-    parse_revision(pod.metadata.resource_version.as_deref())
 }
 
 fn key(pod: &Pod) -> Option<PodKey> {
@@ -355,7 +315,7 @@ mod tests {
         );
         index.observe(&Event::Delete(pod("web", "other", 12)));
         assert!(index.users("app", Kind::ConfigMap, "other").is_empty());
-        assert!(index.lock().pods.users.is_empty(), "nothing is left behind");
+        assert!(index.pods.now(|pods| pods.users.is_empty()), "nothing is left behind");
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard, RwLock},
+    sync::{Arc, RwLock},
     time::Duration,
 };
 
@@ -16,10 +16,9 @@ use kube::runtime::{
     reflector::{self, ObjectRef, Store, store::Writer},
     watcher::Event,
 };
-use tokio::sync::watch;
 
 use crate::{
-    cluster::revision::{Progress, once_caught_up, parse_revision},
+    cluster::gate::{Gated, Index},
     rules::worker::pod::{PodLiveness, PodState},
 };
 
@@ -39,28 +38,23 @@ pub struct PodWatch {
     label: String,
     /// The pods, as the reconciler reads them.
     pods: Store<PodLiveness>,
-    /// The store's writer and the index, written together under this lock: whoever holds
-    /// it sees both at one revision.
-    state: Mutex<WatchState>,
-    /// The revision, for the reads waiting for the watch to catch up.
-    revision: watch::Sender<u64>,
+    /// The store's writer and the index, written together behind the gate's lock:
+    /// whoever holds it sees both at one revision.
+    gated: Gated<WorkerIndex>,
 }
 
-struct WatchState {
+/// What the gate keeps of the worker pods: their names by worker, and the store.
+struct WorkerIndex {
     writer: Writer<PodLiveness>,
+    /// The pods as they were before the event being taken.
+    pods: Store<PodLiveness>,
     names: WorkerNames,
-    /// The index of a relist in progress, until it is done.
-    relist: Option<WorkerNames>,
-    /// Every change up to its revision is in the store and the index.
-    progress: Progress,
 }
 
 /// Namespace → worker → the names of the pods labelled with it.
 #[derive(Default)]
 struct WorkerNames {
     names: HashMap<String, HashMap<String, Vec<String>>>,
-    /// The newest revision among the pods.
-    newest: u64,
 }
 
 // === impl PodCache ===
@@ -74,14 +68,12 @@ impl PodCache {
         let watch = Arc::new(PodWatch {
             scope,
             label: label.to_owned(),
-            pods,
-            state: Mutex::new(WatchState {
+            pods: pods.clone(),
+            gated: Gated::new(WorkerIndex {
                 writer,
+                pods,
                 names: WorkerNames::default(),
-                relist: None,
-                progress: Progress::default(),
             }),
-            revision: watch::Sender::new(0),
         });
         self.watches
             .write()
@@ -120,46 +112,14 @@ impl PodWatch {
 
     /// Takes one event of the watch, its worker label moved to [`PodLiveness::worker`].
     pub fn observe(&self, event: &Event<PodLiveness>) {
-        let mut state = self.lock();
-        match event {
-            Event::Apply(pod) | Event::Delete(pod) => {
-                // The store still holds the pod as it was: its old worker, if relabelled.
-                if let Some(old) = self.pods.get(&ObjectRef::from_obj(pod)) {
-                    state.names.remove(&old);
-                }
-                if matches!(event, Event::Apply(_)) {
-                    state.names.insert(pod);
-                }
-                state.progress.advance(revision_of(pod));
-            }
-            Event::Init => state.relist = Some(WorkerNames::default()),
-            Event::InitApply(pod) => {
-                if let Some(relist) = state.relist.as_mut() {
-                    relist.insert(pod);
-                }
-            }
-            Event::InitDone => {
-                if let Some(relist) = state.relist.take() {
-                    // The list's own revision is not in the events; its newest pod's is
-                    // no newer, so the claim stays true. It may be older than the last
-                    // event's: a relist may be served from a lagging cache.
-                    state.progress.revision = relist.newest;
-                    state.names = relist;
-                }
-            }
-        }
-        state.writer.apply_watcher_event(event);
-        // Waiting reads wake only when the revision moves, not for each pod of a relist.
-        let revision = state.progress.revision;
-        self.revision
-            .send_if_modified(|seen| std::mem::replace(seen, revision) != revision);
+        self.gated.observe(event);
     }
 
     /// Whether the watch's events come often enough that waiting for the next is
     /// likely to be quicker than a LIST: the last two came within `within` of each
     /// other, the last one within `within` of now.
     pub fn is_busy(&self, within: Duration) -> bool {
-        self.lock().progress.is_busy(within)
+        self.gated.is_busy(within)
     }
 
     /// The pods labelled with `worker` in `namespace`, once the watch has caught up with
@@ -171,10 +131,9 @@ impl PodWatch {
         worker: &str,
         within: Duration,
     ) -> Option<Vec<PodState>> {
-        once_caught_up(&self.revision, within, || {
-            let state = self.lock();
-            (state.progress.revision >= revision).then(|| {
-                state
+        self.gated
+            .at(revision, within, |index| {
+                index
                     .names
                     .of(namespace, worker)
                     .iter()
@@ -182,12 +141,37 @@ impl PodWatch {
                     .map(|pod| PodState::from(&*pod))
                     .collect()
             })
-        })
-        .await
+            .await
+    }
+}
+
+// === impl WorkerIndex ===
+
+impl Index for WorkerIndex {
+    type Object = PodLiveness;
+    type Relist = WorkerNames;
+    type Change = ();
+
+    fn apply(&mut self, pod: &PodLiveness, deleted: bool, _: &mut Vec<()>) {
+        // The store still holds the pod as it was: its old worker, if relabelled.
+        if let Some(old) = self.pods.get(&ObjectRef::from_obj(pod)) {
+            self.names.remove(&old);
+        }
+        if !deleted {
+            self.names.insert(pod);
+        }
     }
 
-    fn lock(&self) -> MutexGuard<'_, WatchState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn relist(relist: &mut WorkerNames, pod: &PodLiveness) {
+        relist.insert(pod);
+    }
+
+    fn replace(&mut self, relist: WorkerNames, _: &mut Vec<()>) {
+        self.names = relist;
+    }
+
+    fn observed(&mut self, event: &Event<PodLiveness>) {
+        self.writer.apply_watcher_event(event);
     }
 }
 
@@ -195,9 +179,6 @@ impl PodWatch {
 
 impl WorkerNames {
     fn insert(&mut self, pod: &PodLiveness) {
-        if let Some(revision) = revision_of(pod) {
-            self.newest = self.newest.max(revision);
-        }
         let (Some(namespace), Some(name), Some(worker)) = (&pod.metadata.namespace, &pod.metadata.name, &pod.worker)
         else {
             return;
@@ -238,10 +219,6 @@ impl WorkerNames {
             .and_then(|workers| workers.get(worker))
             .map_or(&[], Vec::as_slice)
     }
-}
-
-fn revision_of(pod: &PodLiveness) -> Option<u64> {
-    parse_revision(pod.metadata.resource_version.as_deref())
 }
 
 #[cfg(test)]
