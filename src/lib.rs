@@ -4,7 +4,7 @@
 //! The library holds everything testable; `main.rs` only parses flags and calls in.
 //! ARCHITECTURE.md maps the folders; from the top down:
 //!
-//! - [`cli`], [`check`], [`webhooks`]: the commands, their flags and what they print;
+//! - [`cli`]: the commands, their flags and what they print;
 //! - [`server`]: what runs, wired from the [`config::Config`], and the transport: TLS,
 //!   connection bounds, probes, drain;
 //! - [`api`]: the admission routes, the AdmissionReview codec and the one tail every
@@ -19,14 +19,12 @@
 
 pub mod api;
 pub mod certs;
-pub mod check;
 pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod observe;
 pub mod rules;
 pub mod server;
-pub mod webhooks;
 
 #[cfg(test)]
 pub(crate) mod fixtures;

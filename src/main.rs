@@ -4,11 +4,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use cds_secret_guard::{
-    Server, certs, check,
+    Server, certs,
+    cli::check,
+    cli::webhooks,
     cli::{Cli, Command, OutputFormat},
     observe::telemetry,
     rules::in_use::finalizer,
-    webhooks,
 };
 use tokio_util::sync::CancellationToken;
 

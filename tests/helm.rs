@@ -20,7 +20,7 @@ use std::{
 };
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
-use cds_secret_guard::{Server, certs, webhooks};
+use cds_secret_guard::{Server, certs, cli::webhooks};
 use serde_json::{Value, json};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/helm/cds-secret-guard");

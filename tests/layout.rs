@@ -1,10 +1,10 @@
-//! The modules of `src/` import each other in no circle: each concern builds on the ones
-//! below it, and nothing imports back up.
+//! The folders of `src/` are layers (ARCHITECTURE.md): each builds on the ones below it,
+//! nothing imports back up, and the two rule sets do not import each other.
 //!
 //! The graph is read from the sources: a module `a` depends on `b` when its code (test
-//! modules and doc comments aside) names `crate::b`, directly or in a `use crate::{…}`
-//! group. The modules are the top-level ones (`src/api/handlers.rs` belongs to `api`);
-//! `lib.rs` and `main.rs` are the root and only declare or call them.
+//! modules, test files and doc comments aside) names `crate::b`, directly or in a
+//! `use crate::{…}` group. The modules are the top-level ones (`src/api/handlers.rs`
+//! belongs to `api`); `lib.rs` and `main.rs` are the root and only declare or call them.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,12 +20,66 @@ fn the_modules_import_each_other_in_no_circle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let graph = graph(&src);
     assert!(
-        graph.len() > 10 && graph.values().any(|names| !names.is_empty()),
+        graph.len() >= 8 && graph.values().any(|names| !names.is_empty()),
         "the modules were not read: {graph:?}"
     );
     if let Some(cycle) = cycle(&graph) {
         panic!("the modules import each other in a circle: {}", cycle.join(" → "));
     }
+}
+
+/// The layers, from the top down, as ARCHITECTURE.md draws them; a module may name the
+/// modules of lower layers only.
+const LAYERS: [&[&str]; 7] = [
+    &["cli"],
+    &["server"],
+    &["api"],
+    &["config"],
+    &["rules", "certs"],
+    &["cluster"],
+    &["observe"],
+];
+
+#[test]
+fn no_module_imports_one_of_a_higher_layer() {
+    let graph = graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let layer = |module: &str| {
+        LAYERS
+            .iter()
+            .position(|layer| layer.contains(&module))
+            .unwrap_or_else(|| panic!("src/{module} is in no layer of LAYERS"))
+    };
+    for (module, names) in &graph {
+        for name in names {
+            assert!(
+                layer(name) > layer(module),
+                "{module} imports {name}, which is not in a lower layer"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_rule_sets_do_not_import_each_other() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/rules");
+    for (set, other) in [("worker", "in_use"), ("in_use", "worker")] {
+        let mut files = Vec::new();
+        rust_files(&rules.join(set), &mut files);
+        assert!(!files.is_empty(), "no file under src/rules/{set}");
+        for file in files.iter().filter(|file| !is_test_file(file)) {
+            let code = strip(&fs::read_to_string(file).unwrap_or_else(|error| panic!("{}: {error}", file.display())));
+            let named = [format!("{other}::"), format!("{other},"), format!("{other}}}")]
+                .iter()
+                .any(|path| code.contains(path.as_str()));
+            assert!(!named, "{} names the other rule set, {other}", file.display());
+        }
+    }
+}
+
+/// Test code: a `tests.rs` beside the code it tests, and the unit tests' builders.
+fn is_test_file(file: &Path) -> bool {
+    file.file_name()
+        .is_some_and(|name| name == "tests.rs" || name == "fixtures.rs")
 }
 
 #[test]
@@ -80,6 +134,7 @@ fn graph(src: &Path) -> Graph {
         let name = first.strip_suffix(".rs").unwrap_or(first);
         (!matches!(name, "lib" | "main")).then(|| name.to_owned())
     };
+    files.retain(|file| !is_test_file(file));
     let modules: BTreeSet<String> = files.iter().filter_map(|file| module_of(file)).collect();
     let mut graph: Graph = modules.iter().map(|module| (module.clone(), BTreeSet::new())).collect();
     for file in &files {

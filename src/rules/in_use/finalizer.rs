@@ -44,7 +44,6 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource,
-    api::{ListParams, Patch, PatchParams},
     core::PartialObjectMeta,
     runtime::{
         Controller, WatchStreamExt,
@@ -54,12 +53,9 @@ use kube::{
     },
 };
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    FINALIZER, FORCE_ANNOTATION, InUseLookup, KubeInUse, Mode, ObjectDelete, ROOT_CA, is_held, may_release, opted_in,
-};
+use super::{FORCE_ANNOTATION, InUseLookup, KubeInUse, Mode, ObjectDelete, ROOT_CA, is_held, may_release, opted_in};
 use crate::{
     Error, Result,
     cluster::lease::Leadership,
@@ -504,142 +500,9 @@ fn tokio_stream_of<T>(mut receiver: tokio::sync::mpsc::UnboundedReceiver<T>) -> 
     futures::stream::poll_fn(move |context| receiver.poll_recv(context))
 }
 
-fn patch_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(crate::FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    }
-}
-
-/// Adds the finalizer to the object of this uid (a strategic merge: the other
-/// finalizers stay).
-async fn hold<K: Protected>(objects: &Api<PartialObjectMeta<K>>, object: &ObjectMeta) -> Result<()> {
-    let name = object.name.as_deref().unwrap_or_default();
-    let patch = json!({"metadata": {"uid": object.uid, "finalizers": [FINALIZER]}});
-    match objects
-        .patch_metadata(name, &patch_params(), &Patch::Strategic(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Gone, or deleted meanwhile (no finalizer can be added then): its next event says.
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(error) => Err(error.into()),
-    }
-}
-
-/// Removes the finalizer from the object of this uid, at the version read when
-/// `conditional`; whether it was there to remove.
-async fn release<K: Protected>(
-    objects: &Api<PartialObjectMeta<K>>,
-    object: &ObjectMeta,
-    conditional: bool,
-) -> Result<bool> {
-    let name = object.name.as_deref().unwrap_or_default();
-    let mut metadata = json!({"uid": object.uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER]});
-    if conditional {
-        metadata["resourceVersion"] = json!(object.resource_version);
-    }
-    let patch = json!({ "metadata": metadata });
-    match objects
-        .patch_metadata(name, &patch_params(), &Patch::Strategic(&patch))
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-        Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::Conflict(format!(
-            "{} {name} changed while its finalizer was being removed",
-            K::RULES_KIND.as_str()
-        ))),
-        Err(error) => Err(error.into()),
-    }
-}
-
-/// What [`release_all`] did.
-#[derive(Debug, Default)]
-pub struct Released {
-    /// The objects the finalizer was removed from, as `namespace/kind/name`.
-    pub objects: Vec<String>,
-}
-
-/// Removes the guard's finalizer from every Secret and ConfigMap of `scope` (all
-/// namespaces when empty): the chart's uninstall hook, and the way out by hand. Objects
-/// being deleted then go at once, whatever uses them.
-pub async fn release_all(client: &Client, scope: &[String]) -> Result<Released> {
-    let mut released = Released::default();
-    let scopes: Vec<Option<&str>> = if scope.is_empty() {
-        vec![None]
-    } else {
-        scope.iter().map(|namespace| Some(namespace.as_str())).collect()
-    };
-    for namespace in scopes {
-        release_all_of::<Secret>(client, namespace, &mut released).await?;
-        release_all_of::<ConfigMap>(client, namespace, &mut released).await?;
-    }
-    Ok(released)
-}
-
-async fn release_all_of<K: Protected>(client: &Client, scope: Option<&str>, released: &mut Released) -> Result<()> {
-    let api: Api<PartialObjectMeta<K>> = match scope {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    };
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = api.list_metadata(&params).await?;
-        for object in page.items.iter().filter(|object| is_held(&object.metadata)) {
-            let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
-            let name = object.metadata.name.as_deref().unwrap_or_default();
-            let objects: Api<PartialObjectMeta<K>> = Api::namespaced(client.clone(), namespace);
-            if release(&objects, &object.metadata, false).await? {
-                released
-                    .objects
-                    .push(format!("{namespace}/{}/{name}", K::RULES_KIND.as_str()));
-            }
-        }
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params.continue_token = Some(token),
-            None => return Ok(()),
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
+mod tests;
+mod writes;
 
-    #[test]
-    fn a_used_object_opted_in_to_defer_is_held_and_nothing_else() {
-        assert_eq!(plan(false, false, Some(Mode::Defer), true), Step::Hold);
-        for (deleting, mode, used) in [
-            (false, Some(Mode::Defer), false),
-            (false, Some(Mode::Refuse), true),
-            (false, None, true),
-            // No finalizer can be added to an object being deleted; and without it, the
-            // webhook refused the delete of a used object: this one was unused.
-            (true, Some(Mode::Defer), true),
-        ] {
-            assert_eq!(
-                plan(false, deleting, mode, used),
-                Step::Keep,
-                "{deleting} {mode:?} {used}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_held_object_being_deleted_waits_for_its_pods_unless_opted_out() {
-        for mode in [Mode::Defer, Mode::Refuse] {
-            for used in [false, true] {
-                assert_eq!(plan(true, true, Some(mode), used), Step::ReleaseWhenUnused);
-            }
-        }
-        assert_eq!(plan(true, true, None, true), Step::Release);
-    }
-
-    #[test]
-    fn a_held_object_not_being_deleted_keeps_it_while_in_defer() {
-        assert_eq!(plan(true, false, Some(Mode::Defer), false), Step::Keep);
-        assert_eq!(plan(true, false, Some(Mode::Refuse), true), Step::Release);
-        assert_eq!(plan(true, false, None, true), Step::Release);
-    }
-}
+pub use writes::{Released, release_all};
+use writes::{hold, release};
