@@ -14,6 +14,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 # Cargo.toml declares the bench: cargo wants its file even to build the binary.
 COPY benches ./benches
+# The test kit is a member of the workspace: cargo reads its manifest, never builds it.
+COPY testkit ./testkit
 COPY src ./src
 # The registry and the target directory stay in BuildKit's cache between builds: a code
 # change recompiles the crate, not its dependencies. The binary leaves the cache by copy.

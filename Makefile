@@ -57,7 +57,7 @@ fmt: ## Format the code
 .PHONY: lint
 lint: ## Formatting and clippy, as CI checks them
 	cargo fmt --all -- --check
-	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cargo clippy --locked --test shipped --test soak -- -D warnings
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 

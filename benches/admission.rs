@@ -19,8 +19,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use testkit::fake as common;
 
 use std::{
     alloc::System,

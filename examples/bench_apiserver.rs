@@ -20,8 +20,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod bench_support;
-#[path = "../tests/e2e/harness.rs"]
-mod e2e;
+use testkit::cluster as e2e;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},

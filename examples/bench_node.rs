@@ -10,12 +10,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod bench_support;
-#[path = "../tests/e2e/harness.rs"]
-mod harness;
-#[path = "../tests/shipped/install.rs"]
-mod install;
-#[path = "../tests/shipped/seed.rs"]
-mod seed;
+use testkit::cluster as harness;
+use testkit::install;
+use testkit::seed;
 
 use std::{
     collections::BTreeMap,

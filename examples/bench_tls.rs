@@ -11,8 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod bench_support;
-#[path = "../tests/common/mod.rs"]
-mod common;
+use testkit::fake as common;
 
 use std::{
     path::{Path, PathBuf},

@@ -6,10 +6,8 @@
 //! control plane); see docs/design/race.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "../tests/e2e/harness.rs"]
-mod e2e;
-#[path = "../tests/race/harness.rs"]
-mod harness;
+use testkit::cluster as e2e;
+use testkit::race as harness;
 
 use std::{path::Path, process::Command, process::ExitCode, time::Duration};
 

@@ -9,8 +9,6 @@
 
 #![allow(clippy::unwrap_used)] // tests: a panic is a failure with its message
 
-mod common;
-
 use std::{
     net::SocketAddr,
     path::Path,
@@ -24,12 +22,12 @@ use std::{
 
 use bytes::Bytes;
 use cds_secret_guard::{Server, certs, config::Limits};
-use common::{attack::*, *};
 use rustls::{
     ClientConfig, RootCertStore,
     pki_types::{CertificateDer, ServerName, pem::PemObject},
 };
 use serde_json::Value;
+use testkit::{attack::*, fake::*};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,

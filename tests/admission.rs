@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests: a panic is a failure with its message
 
-mod common;
+use testkit::fake as common;
 
 use std::{sync::Arc, time::Duration};
 

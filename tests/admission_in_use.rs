@@ -3,14 +3,12 @@
 
 #![allow(clippy::unwrap_used)] // tests: a panic is a failure with its message
 
-mod common;
-
 use std::{sync::Arc, time::Duration};
 
 use axum::http::StatusCode;
 use cds_secret_guard::{Server, config::Config, rules::Mode, rules::in_use::Dependent};
-use common::{in_use::*, *};
 use serde_json::json;
+use testkit::{fake::*, in_use::*};
 
 #[tokio::test]
 async fn a_pod_that_uses_it_denies_naming_it_in_the_answer_and_the_metrics() {

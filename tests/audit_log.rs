@@ -3,7 +3,7 @@
 //! runs at the same time: these tests live in a binary of their own, and run one by one.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use testkit::fake as common;
 
 use std::{sync::Arc, time::Duration};
 
@@ -162,7 +162,7 @@ async fn the_audit_trail_ignores_rust_log_and_summarises_repeats() {
 /// last-applied copy of the data). A forced delete is a line of its own.
 #[tokio::test]
 async fn an_in_use_decision_names_the_object_and_its_pods_never_its_data() {
-    use common::in_use::*;
+    use testkit::in_use::*;
     let _serial = ONE_AT_A_TIME.lock().await;
     let pods = Pods {
         users: vec![user("web-1"), user("web-0")],

@@ -6,8 +6,7 @@
 //! the chart's rights for it, as `kubectl` users meet it.
 #![allow(clippy::unwrap_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::{
     sync::{Arc, Mutex, Weak},

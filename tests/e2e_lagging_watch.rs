@@ -17,8 +17,7 @@
 //! (the guard then fails closed, and its denials name no pod) fails the test.
 #![allow(clippy::unwrap_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::{
     fs,

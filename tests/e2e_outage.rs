@@ -2,8 +2,7 @@
 //! and nothing is lost; once it is back, deletes are decided again.
 #![allow(clippy::unwrap_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::time::Duration;
 

@@ -3,8 +3,7 @@
 //! collector deletes the secret when the pod goes.
 #![allow(clippy::unwrap_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::{process::Command, time::Duration, time::Instant};
 

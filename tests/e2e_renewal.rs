@@ -6,8 +6,7 @@
 //! chart, and those rights reach no other secret or webhook configuration.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::{
     collections::BTreeSet,

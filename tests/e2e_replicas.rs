@@ -14,8 +14,7 @@
 //! Nothing here skips: without the control plane, the tests fail.
 #![allow(clippy::unwrap_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},

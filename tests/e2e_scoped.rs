@@ -4,8 +4,7 @@
 //! other namespaces never reach it.
 #![allow(clippy::unwrap_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::time::Duration;
 

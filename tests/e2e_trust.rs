@@ -5,8 +5,7 @@
 //! for no secret it does not protect.
 #![allow(clippy::unwrap_used)]
 
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
 
 use std::{
     collections::BTreeSet,

@@ -1,14 +1,14 @@
 //! The fuzz targets' checks, short and deterministic: every committed seed of
 //! `fuzz/corpus/<target>/` through the same checks as `cargo fuzz` runs them
-//! (`tests/fuzz_checks/`), then a few thousand mutations of the seeds from a fixed seed.
+//! (`testkit::fuzz`), then a few thousand mutations of the seeds from a fixed seed.
 //!
 //! The seeds are built here from `tests/data/*.json`: `UPDATE_SEEDS=1 cargo test --test
 //! fuzz_corpus` rewrites them, and the test fails when the committed ones differ.
 
 #![allow(clippy::unwrap_used)] // tests: a panic is a failure with its message
 
-mod common;
-mod fuzz_checks;
+use testkit::fake as common;
+use testkit::fuzz as fuzz_checks;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -9,9 +9,8 @@
 //! from `tests/controlplane/cluster.sh`; when either is missing the tests fail, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "e2e/harness.rs"]
-mod harness;
+use testkit::cluster as harness;
+use testkit::fake as common;
 
 use std::{
     path::{Path, PathBuf},

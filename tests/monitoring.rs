@@ -8,7 +8,7 @@
 //! fail, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use testkit::fake as common;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

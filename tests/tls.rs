@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // tests: a panic is a failure with its message
 
-mod common;
+use testkit::fake as common;
 
 use std::{
     net::SocketAddr,

@@ -1,11 +1,10 @@
 //! `/validate` through the real router: two bytes choose what the cluster answers, the rest
-//! is the request body (see `Scenario` in tests/fuzz_checks/).
+//! is the request body (see `Scenario` in testkit/src/fuzz.rs).
 #![no_main]
 
 use std::sync::LazyLock;
 
-#[path = "../../tests/fuzz_checks/mod.rs"]
-mod fuzz_checks;
+use testkit::fuzz as fuzz_checks;
 
 /// The runtime and router, built once for the whole run.
 static HARNESS: LazyLock<fuzz_checks::Harness> = LazyLock::new(fuzz_checks::Harness::new);

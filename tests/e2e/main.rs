@@ -2,7 +2,7 @@
 //! collector and namespace controller beside it), asserted as a client sees it.
 #![allow(clippy::unwrap_used)]
 
-mod harness;
+use testkit::cluster as harness;
 
 use std::time::Duration;
 

@@ -2,9 +2,8 @@
 //! loses secrets of live workers; with it, none is lost and none is left behind.
 #![allow(clippy::unwrap_used)]
 
-#[path = "../e2e/harness.rs"]
-mod e2e;
-mod harness;
+use testkit::cluster as e2e;
+use testkit::race as harness;
 
 use e2e::{Guard, TestNamespace, client, unregister_webhooks};
 use harness::{Cleanup, Settings, TABLE_HEADER, row, run};

@@ -9,12 +9,10 @@
 #![allow(clippy::unwrap_used)]
 
 mod deferred;
-#[path = "../e2e/harness.rs"]
-mod harness;
 mod in_use;
-mod install;
 mod release;
-mod seed;
+
+use testkit::{cluster as harness, install, seed};
 
 use std::time::Duration;
 

@@ -9,14 +9,9 @@
 //! Long: not in `make test` (`test = false`); `make soak` runs it.
 #![allow(clippy::unwrap_used)]
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../e2e/harness.rs"]
-mod harness;
-#[path = "../shipped/install.rs"]
-mod install;
-#[path = "../shipped/seed.rs"]
-mod seed;
+use testkit::cluster as harness;
+use testkit::install;
+use testkit::seed;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -25,7 +20,6 @@ use std::{
 };
 
 use cds_secret_guard::config::Limits;
-use common::{attack, young_delete};
 use futures::StreamExt;
 use harness::{TestNamespace, kubectl};
 use install::{
@@ -39,6 +33,7 @@ use kube::{
     api::{EvictParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
+use testkit::{attack, fake::young_delete};
 
 const GUARD_NAMESPACE: &str = "cds-secret-guard";
 const WEBHOOKS: [&str; 2] = ["secret-deletes.cds-secret-guard.io", "worker-pods.cds-secret-guard.io"];

@@ -1,5 +1,5 @@
-//! The checks shared by the fuzz targets (`fuzz/fuzz_targets/`, which include this file
-//! by `#[path]`) and by `tests/fuzz_corpus.rs`, which replays the seed corpus through
+//! The checks shared by the fuzz targets (`fuzz/fuzz_targets/`) and by
+//! `tests/fuzz_corpus.rs`, which replays the seed corpus through
 //! them: one input in, a panic on any broken property out.
 //!
 //! A handler input is two control bytes, which choose what the fake cluster answers
@@ -7,7 +7,6 @@
 //! handlers run through the real router, in a current-thread runtime built once, with
 //! time paused so that a read that never answers costs nothing: the clock jumps to the
 //! read's deadline.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -247,7 +246,6 @@ impl Read {
 struct ScriptedCluster {
     scenario: Mutex<Scenario>,
     reads: Mutex<Vec<Read>>,
-    worker_label: String,
     hatchery_label: String,
 }
 
@@ -440,7 +438,6 @@ impl Harness {
         let cluster = Arc::new(ScriptedCluster {
             scenario: Mutex::default(),
             reads: Mutex::default(),
-            worker_label: policy.worker_label.clone(),
             hatchery_label: policy.hatchery_label.clone(),
         });
         let (enforce, warn) = {

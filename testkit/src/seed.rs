@@ -6,8 +6,6 @@
 //! worker secret whose worker was in no listed pod. A worker whose secret goes before
 //! the kubelet has read it never starts: `CreateContainerConfigError`.
 
-#![allow(dead_code)] // shared with tests/soak, which uses part of it
-
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::{
@@ -24,7 +22,7 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::harness::{SECRET_VALUE, TestNamespace};
+use crate::cluster::{SECRET_VALUE, TestNamespace};
 
 const HATCHERY: &str = "hatchery-seed";
 /// The worker image: Debian's static busybox, imported onto the node by `cluster.sh`.

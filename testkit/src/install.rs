@@ -1,10 +1,7 @@
 //! What a user runs: the image built from the Dockerfile (`make image`), the node of
 //! `cluster.sh up --node`, and the guard installed on it with Helm or kustomize.
 
-#![allow(dead_code)] // shared with tests/soak, which uses part of it
-
 use std::{
-    path::Path,
     process::{Command, Output, Stdio},
     sync::OnceLock,
     time::{Duration, Instant},
@@ -12,16 +9,14 @@ use std::{
 
 use serde_json::Value;
 
-use crate::harness::{self, TestNamespace, kubectl};
+use crate::cluster::{self as harness, TestNamespace, kubectl};
 
 /// The guard's version: the image's tag and the chart's appVersion.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The image `make image` tags.
 pub const IMAGE: &str = "cds-secret-guard";
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::repo;
 
 /// Runs a command; fails the test with its output when it fails.
 pub fn run(command: &mut Command) -> Output {
@@ -309,11 +304,7 @@ pub struct Kustomized {
 
 impl Kustomized {
     pub fn install(tag: &str) -> Self {
-        // Cargo names the binary to test targets only (examples include this file too).
-        let Some(guard) = option_env!("CARGO_BIN_EXE_cds-secret-guard") else {
-            panic!("the kustomize install runs from tests, which cargo gives the guard's binary")
-        };
-        run(Command::new(guard)
+        run(Command::new(harness::guard_binary())
             .args(["certs", "--out"])
             .arg(repo().join("manifests/overlays/tls-secret/certs"))
             .args(["--host", "cds-secret-guard.cds-secret-guard.svc"]));

@@ -3,7 +3,6 @@
 //! with the output of `cds-secret-guard webhooks`, and a namespace per test.
 //!
 //! Nothing here skips: when the control plane cannot start, the tests fail.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
     fs,
@@ -29,21 +28,14 @@ use serde_json::{Value, json};
 /// Grace period the test guard runs with: short, so "after the grace period" is seconds.
 pub const GRACE: Duration = Duration::from_secs(4);
 
-/// The guard binary: cargo names it for tests; an example finds it beside its own
-/// directory (`target/<profile>/examples/..`).
-fn guard_binary() -> PathBuf {
-    match option_env!("CARGO_BIN_EXE_cds-secret-guard") {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let exe = std::env::current_exe().unwrap();
-            exe.parent().and_then(Path::parent).unwrap().join("cds-secret-guard")
-        }
-    }
+/// The guard binary cargo built beside the test or example running
+/// (`target/<profile>/deps/..`, `target/<profile>/examples/..`).
+pub fn guard_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().join("cds-secret-guard")
 }
 
-pub fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+pub use crate::repo;
 
 /// `kubectl apply -f -` of `manifest` as admin, in `namespace` if given; whether it
 /// succeeded.

@@ -15,7 +15,6 @@
 //!
 //! After the last spawn, the run waits for the killer, the cleanup and the garbage
 //! collector to settle; the secrets left are **orphans**.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -12,7 +12,7 @@ use cds_secret_guard::{
 };
 use serde_json::{Value, json};
 
-use super::{FakeCluster, config, policy, review, set};
+use crate::fake::{FakeCluster, config, policy, review, set};
 
 /// The pods of a namespace, as in-use protection reads them; slow when asked.
 #[derive(Default)]

@@ -1,9 +1,5 @@
 //! Shared helpers for the integration tests: AdmissionReview fixtures from `tests/data`,
 //! an in-memory cluster behind the lookup trait, and requests through the router.
-#![allow(dead_code, clippy::unwrap_used)]
-
-pub mod attack;
-pub mod in_use;
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Mutex, time::Duration};
 
@@ -26,9 +22,7 @@ use tower::ServiceExt;
 
 /// An AdmissionReview fixture from `tests/data/<name>.json`.
 pub fn review(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(format!("{name}.json"));
+    let path = crate::repo().join("tests/data").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
