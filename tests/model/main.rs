@@ -13,11 +13,14 @@
 //! including the name-squat case, are in `properties`; the deliberately broken guards,
 //! lookups and adoptions the model must catch in `variants`.
 //!
+//! In-use protection has a model of its own, in `in_use`.
+//!
 //! `cargo test` checks the short bounds; `make model` the deep ones (`--ignored`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod actors;
 mod guard;
+mod in_use;
 mod model;
 mod properties;
 mod trace;
