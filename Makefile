@@ -16,15 +16,15 @@ down: ## Stop the guard and the local control plane
 
 .PHONY: test
 test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-end against the real control plane, chart and alerts, then the image, the node and the chart installed on it
-	tests/controlplane/cluster.sh up --no-node
-	tests/tools/build.sh
+	hack/controlplane/cluster.sh up --no-node
+	hack/tools/build.sh
 	cargo test --locked --all-targets
-	tests/controlplane/cluster.sh up --node
+	hack/controlplane/cluster.sh up --node
 	cargo test --locked --test shipped -- --nocapture
 
 # The Kubernetes releases `make compat` runs on: the oldest supported, the pinned one
 # (the only one `make test` and CI use), the newest served. Each needs pins in
-# tests/controlplane/ (kube/ and etcd/ for the pinned one, versions/<release>/ for others).
+# hack/controlplane/ (kube/ and etcd/ for the pinned one, versions/<release>/ for others).
 COMPAT_VERSIONS ?= v1.30.14 v1.36.3 v1.37.2
 
 .PHONY: compat
@@ -33,8 +33,8 @@ compat: ## The suites `make test` runs on the control plane, then the node and t
 
 .PHONY: soak
 soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGKILLed, evictions against the PDB, memory with 10,000 pods and abuse, certificate rotations through a SIGKILL and an upgrade, then a renewal in Gatekeeper's order (by hand) that the same counts catch
-	tests/controlplane/cluster.sh up --node
-	tests/tools/build.sh
+	hack/controlplane/cluster.sh up --node
+	hack/tools/build.sh
 	cargo test --locked --test soak -- --nocapture
 
 .PHONY: image
@@ -63,7 +63,7 @@ lint: ## Formatting and clippy, as CI checks them
 
 .PHONY: controlplane
 controlplane: ## Build the control plane binaries (cached)
-	tests/controlplane/build.sh
+	hack/controlplane/build.sh
 
 # cargo-fuzz is installed by `make fuzz` itself, into a cache outside the tree.
 FUZZ_TOOLS ?= $(HOME)/.cache/cds-secret-guard/cargo-fuzz
@@ -87,7 +87,7 @@ fuzz: ## Fuzz each target FUZZ_RUNS times (default 3.4M each, nightly, nice'd); 
 
 .PHONY: tools
 tools: ## Build helm, promtool, toxiproxy, the test registry and crane (cached) into target/tools/bin
-	tests/tools/build.sh
+	hack/tools/build.sh
 
 .PHONY: dashboard
 dashboard: ## Draw docs/dashboard.png from a real Prometheus scraping two guards under a CDS-like load, then fire the guard-down alert (about 10 min; builds prometheus, cached)

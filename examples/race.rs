@@ -72,7 +72,7 @@ enum Fault {
 }
 
 fn cluster(args: &[&str]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/cluster.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/controlplane/cluster.sh");
     let status = Command::new(script).args(args).status().expect("run cluster.sh");
     assert!(status.success(), "cluster.sh {args:?} failed");
 }

@@ -30,7 +30,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 tools="$HOME/.cache/cds-secret-guard/tools"
-cluster="$repo/tests/controlplane/cluster.sh"
+cluster="$repo/hack/controlplane/cluster.sh"
 parts="${BENCH_PARTS:-inprocess tls node apiserver in-use}"
 report="$repo/target/bench/report.md"
 export CDS_BENCH_REPORT="$report"
@@ -115,7 +115,7 @@ fi
 if wants node; then
 	log "3/5 a worker's start on the node, with the chart's guard and without"
 	"$cluster" up --node
-	tests/tools/build.sh # helm
+	hack/tools/build.sh # helm
 	# shellcheck disable=SC2086
 	target/release/examples/bench_node ${BENCH_NODE_ARGS:-}
 fi
@@ -135,7 +135,7 @@ fi
 if wants in-use; then
 	log "5/5 in-use protection, on a control plane of its own"
 	own_control_plane
-	tests/tools/build.sh # helm
+	hack/tools/build.sh # helm
 	# shellcheck disable=SC2086
 	target/release/examples/bench_in_use ${BENCH_IN_USE_ARGS:-}
 fi

@@ -22,7 +22,7 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cluster="$repo/tests/controlplane/cluster.sh"
+cluster="$repo/hack/controlplane/cluster.sh"
 out="$repo/target/compat"
 read -ra suites <<<"${COMPAT_SUITES:-e2e e2e_owners e2e_outage e2e_trust e2e_scoped e2e_lagging_watch race helm}"
 
@@ -81,7 +81,7 @@ mkdir -p "$out"
 
 # What every release shares, built once so the times below are the releases' own: the
 # tools (helm, toxiproxy) and the test binaries.
-tests/tools/build.sh
+hack/tools/build.sh
 test_args=()
 for suite in "${suites[@]}"; do test_args+=(--test "$suite"); done
 cargo test --locked --no-run "${test_args[@]}" --test shipped

@@ -10,7 +10,7 @@
 #    connection); both run the reconciler's pod watch, and the holder of the shipped
 #    Lease (manifests/base/lease.yaml) adds the ownerReferences, as in the chart.
 # 2. A Prometheus built from the same module and version as promtool
-#    (tests/tools/build.sh prometheus, cached) scrapes both replicas' /metrics every 5 s,
+#    (hack/tools/build.sh prometheus, cached) scrapes both replicas' /metrics every 5 s,
 #    from a static scrape config: job cds-secret-guard, and the labels namespace and pod a
 #    ServiceMonitor would give them. It loads manifests/monitoring/alerts.yaml as it ships
 #    (rule_files) and evaluates it every 5 s.
@@ -31,7 +31,7 @@
 # Ports (all on 127.0.0.1) are free ones picked by the OS, unless set:
 #   CDS_DASHBOARD_GUARD_PORTS   four ports: replica 0's TLS and probe ports, then replica 1's
 #   CDS_DASHBOARD_PROMETHEUS_PORT
-# The control plane is started with `tests/controlplane/cluster.sh up` (its CDS_CP_* ports)
+# The control plane is started with `hack/controlplane/cluster.sh up` (its CDS_CP_* ports)
 # unless it runs. The webhooks are registered under the usual name (cds-secret-guard), so
 # the run refuses to start while another guard's are registered there (the Helm chart's,
 # e.g. `make run`'s, or `hack/local.sh up --host`'s; it says which and how to stop it), and
@@ -42,7 +42,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 state="$repo/target/dashboard"
 guard="$repo/target/debug/cds-secret-guard"
 prometheus="$repo/target/tools/bin/prometheus"
-cluster="$repo/tests/controlplane/cluster.sh"
+cluster="$repo/hack/controlplane/cluster.sh"
 seconds="${1:-180}"
 scrape_interval=5
 replicas=2
@@ -70,7 +70,7 @@ for kind in validatingwebhookconfiguration mutatingwebhookconfiguration; do
 done
 
 (cd "$repo" && cargo build --locked --quiet --bin cds-secret-guard)
-"$repo/tests/tools/build.sh" prometheus
+"$repo/hack/tools/build.sh" prometheus
 
 # matplotlib is not in the machine's Python: a venv of our own, made once.
 if [[ ! -x "$state/venv/bin/python" ]] || ! "$state/venv/bin/python" -c 'import matplotlib' 2>/dev/null; then

@@ -23,7 +23,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 state="$repo/target/local"
 certs="$repo/certs"
 guard="$repo/target/release/cds-secret-guard"
-cluster="$repo/tests/controlplane/cluster.sh"
+cluster="$repo/hack/controlplane/cluster.sh"
 helm="$repo/target/tools/bin/helm"
 listen="${CDS_GUARD_LISTEN:-127.0.0.1:8443}"
 probes="${CDS_GUARD_PROBE_LISTEN:-127.0.0.1:8080}"
@@ -71,7 +71,7 @@ up() {
 	"$cluster" up --node
 	eval "$("$cluster" env)"
 	stop_host_guard
-	"$repo/tests/tools/build.sh" >/dev/null
+	"$repo/hack/tools/build.sh" >/dev/null
 	clear_unreleased
 	"$repo/hack/image.sh"
 	"$cluster" image-load "cds-secret-guard:$version"

@@ -51,7 +51,7 @@ elif [[ -n "${REGISTRY_CA:-}" ]]; then
 	helm_flags+=(--ca-file "$REGISTRY_CA")
 fi
 
-"$repo/tests/tools/build.sh" >/dev/null
+"$repo/hack/tools/build.sh" >/dev/null
 if [[ -n "${REGISTRY_USER:-}" ]]; then
 	"$tools/crane" auth login "$registry" -u "$REGISTRY_USER" --password-stdin \
 		"${crane_flags[@]}" <<<"${REGISTRY_PASSWORD:?REGISTRY_PASSWORD with REGISTRY_USER}" >/dev/null

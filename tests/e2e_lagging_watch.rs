@@ -4,7 +4,7 @@
 //! The guard answers a worker's label from its pod watch once the watch has caught up
 //! with a revision read by quorum after the request (the revision gate, `src/rules/worker/watch.rs`).
 //! Here every byte the apiserver sends the guard goes through toxiproxy (from
-//! `tests/tools/build.sh`) with a latency toxic whose jitter differs chunk by chunk. A
+//! `hack/tools/build.sh`) with a latency toxic whose jitter differs chunk by chunk. A
 //! response to one read waits for one draw of the delay; the watch, a stream of many
 //! chunks in one connection, waits behind the longest draw of the chunks before it (the
 //! toxic releases a connection's chunks in order): it runs about the largest delay behind
@@ -54,7 +54,7 @@ impl Toxiproxy {
         let binary = repo().join("target/tools/bin/toxiproxy");
         assert!(
             binary.exists(),
-            "{} is missing: run tests/tools/build.sh (make test does); this test never skips",
+            "{} is missing: run hack/tools/build.sh (make test does); this test never skips",
             binary.display()
         );
         let port = free_port();

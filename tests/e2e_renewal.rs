@@ -57,7 +57,7 @@ fn apply_chart_renewal_objects() -> ChartRenewalObjects {
         .arg(repo().join("manifests/helm/cds-secret-guard"))
         .args(["-n", NAMESPACE, "--show-only", "templates/renewal.yaml"])
         .output()
-        .expect("helm from tests/tools/build.sh (make test builds it); this test never skips");
+        .expect("helm from hack/tools/build.sh (make test builds it); this test never skips");
     assert!(rendered.status.success(), "helm template: {rendered:?}");
     let _ = kubectl().args(["create", "namespace", NAMESPACE]).output();
     // A state left by an earlier run would carry CAs the webhooks no longer hold.

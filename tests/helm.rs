@@ -5,8 +5,8 @@
 //! the guard really serves, and `helm install`, `upgrade` and `uninstall` on the real
 //! apiserver of the local control plane.
 //!
-//! helm comes from `tests/tools/build.sh` (`make test` runs it) and the control plane
-//! from `tests/controlplane/cluster.sh`; when either is missing the tests fail, never skip.
+//! helm comes from `hack/tools/build.sh` (`make test` runs it) and the control plane
+//! from `hack/controlplane/cluster.sh`; when either is missing the tests fail, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use testkit::cluster as harness;
@@ -32,12 +32,12 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `helm` from `tests/tools/build.sh`.
+/// `helm` from `hack/tools/build.sh`.
 fn helm() -> Command {
     let path = repo().join("target/tools/bin/helm");
     assert!(
         path.exists(),
-        "{} is missing: run tests/tools/build.sh (make test does); this test never skips",
+        "{} is missing: run hack/tools/build.sh (make test does); this test never skips",
         path.display()
     );
     Command::new(path)

@@ -4,7 +4,7 @@
 //! label value that the alerts and the Grafana dashboard (`dashboard.json`) query is one the
 //! guard really exports, read from the `/metrics` of a guard served in-process.
 //!
-//! promtool comes from `tests/tools/build.sh` (`make test` runs it); without it the tests
+//! promtool comes from `hack/tools/build.sh` (`make test` runs it); without it the tests
 //! fail, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -39,7 +39,7 @@ fn promtool() -> Command {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/bin/promtool");
     assert!(
         path.exists(),
-        "{} is missing: run tests/tools/build.sh (make test does); this test never skips",
+        "{} is missing: run hack/tools/build.sh (make test does); this test never skips",
         path.display()
     );
     Command::new(path)

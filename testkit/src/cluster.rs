@@ -1,4 +1,4 @@
-//! End-to-end harness: the real control plane from `tests/controlplane/cluster.sh`, the
+//! End-to-end harness: the real control plane from `hack/controlplane/cluster.sh`, the
 //! guard binary started with certificates from `cds-secret-guard certs` and registered
 //! with the output of `cds-secret-guard webhooks`, and a namespace per test.
 //!
@@ -60,7 +60,7 @@ pub fn control_plane() -> &'static Path {
     started();
     KUBECONFIG.get_or_init(|| {
         // `cluster.sh up` starts the single-apiserver cluster, or the HA one with CDS_CP_HA=1.
-        let script = repo().join("tests/controlplane/cluster.sh");
+        let script = repo().join("hack/controlplane/cluster.sh");
         let output = Command::new(&script).arg("up").output().expect("run cluster.sh up");
         assert!(
             output.status.success(),
@@ -98,7 +98,7 @@ pub fn service_account_kubeconfig(namespace: &str, name: &str) -> PathBuf {
     let dir = repo().join("target/e2e");
     fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("{namespace}.{name}.{}.kubeconfig", std::process::id()));
-    let made = Command::new(repo().join("tests/controlplane/cluster.sh"))
+    let made = Command::new(repo().join("hack/controlplane/cluster.sh"))
         .args(["sa-kubeconfig", namespace, name])
         .arg(&out)
         .output()

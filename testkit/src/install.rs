@@ -52,7 +52,7 @@ pub fn image() {
 pub fn node() {
     static UP: OnceLock<()> = OnceLock::new();
     UP.get_or_init(|| {
-        let cluster = repo().join("tests/controlplane/cluster.sh");
+        let cluster = repo().join("hack/controlplane/cluster.sh");
         let output = Command::new(&cluster).args(["up", "--node"]).output().unwrap();
         assert!(
             output.status.success(),

@@ -37,7 +37,7 @@ pub struct Registry {
 
 impl Registry {
     pub fn of_the_node() -> Self {
-        let output = run(Command::new(harness::repo().join("tests/controlplane/cluster.sh")).arg("registry"));
+        let output = run(Command::new(harness::repo().join("hack/controlplane/cluster.sh")).arg("registry"));
         let vars: std::collections::BTreeMap<String, String> = stdout(&output)
             .lines()
             .filter_map(|line| line.split_once('='))

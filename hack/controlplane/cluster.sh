@@ -16,7 +16,7 @@
 #   cluster.sh image-load NAME:TAG
 #                          an image of the local Docker engine (hack/docker.sh) onto
 #                          the node (containerd's k8s.io namespace)
-#   cluster.sh env         eval "$(tests/controlplane/cluster.sh env)"
+#   cluster.sh env         eval "$(hack/controlplane/cluster.sh env)"
 #   cluster.sh registry    the node's registry, as shell assignments: REGISTRY (host:port),
 #                          REGISTRY_CA (its CA file), REGISTRY_USER, REGISTRY_PASSWORD,
 #                          DOCKER_CONFIG (a directory whose config.json logs crane in)
@@ -71,7 +71,7 @@ etcd_members_ha=3
 all_components=(etcd etcd-0 etcd-1 etcd-2 kube-apiserver kube-apiserver-a kube-apiserver-b kube-controller-manager
 	containerd registry kube-proxy kubelet kube-scheduler)
 
-# shellcheck source=tests/controlplane/node.sh
+# shellcheck source=hack/controlplane/node.sh
 source "$here/node.sh"
 
 log() { echo "cluster.sh: $*" >&2; }

@@ -8,7 +8,7 @@
 # decides their content (go.mod/go.sum files, etcd/main.go, the flags below,
 # the Go version), so a fresh clone anywhere on the machine only links them
 # (seconds); they are rebuilt only when a pinned version or flag changes. The
-# cache's lock, atomic publish and links are tests/tools/cache.sh's.
+# cache's lock, atomic publish and links are hack/tools/cache.sh's.
 # Go's own module and build caches (~/go/pkg/mod, ~/.cache/go-build) are used
 # as they are.
 #
@@ -27,7 +27,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 out="$repo/target/controlplane/bin"
 t0=$(date +%s)
-# shellcheck source=tests/tools/cache.sh
+# shellcheck source=hack/tools/cache.sh
 source "$here/../tools/cache.sh"
 
 die() {

@@ -11,7 +11,7 @@
 #     same Kubernetes release as the control plane;
 #   two local images in containerd's k8s.io namespace: the sandbox ("pause", a static C
 #     program built here) and local/busybox (Debian's busybox-static), for plain pods;
-#   a registry at 10.244.0.1:5443 (tests/tools/registry: TLS from the cluster's CA,
+#   a registry at 10.244.0.1:5443 (hack/tools/registry: TLS from the cluster's CA,
 #     basic authentication): containerd trusts its CA and pulls with the credentials
 #     of a pod's imagePullSecrets, as production nodes pull (`cluster.sh registry`);
 #   the control plane's node flags: the apiserver listens on every address and
@@ -369,8 +369,8 @@ node_report() { # what keeps pods off the node: its taints and conditions
 
 node_up() {
 	node_install
-	# The registry is one of tests/tools' binaries (cached: a link when built before).
-	[[ -x "$repo/target/tools/bin/registry" ]] || "$repo/tests/tools/build.sh" >&2
+	# The registry is one of hack/tools' binaries (cached: a link when built before).
+	[[ -x "$repo/target/tools/bin/registry" ]] || "$repo/hack/tools/build.sh" >&2
 	mkdir -p "$node_dir"
 	node_pki
 	node_configs

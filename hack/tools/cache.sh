@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# The machine-wide binary cache shared by tests/tools/build.sh and
-# tests/controlplane/build.sh; sourced, not run. A build lives in
+# The machine-wide binary cache shared by hack/tools/build.sh and
+# hack/controlplane/build.sh; sourced, not run. A build lives in
 # ${CDS_GUARD_CACHE:-~/.cache/cds-secret-guard}/<kind>/<key>/bin, the key hashing
 # everything that decides the binaries' content, so any clone on the machine with
 # the same pins only links them.

@@ -7,15 +7,15 @@
 # go-containerregistry) with crane, which pushes to it (pinned in registry/go.mod),
 # and puts them in <repo>/target/tools/bin/.
 #
-#   tests/tools/build.sh              helm, promtool, toxiproxy, registry and crane
+#   hack/tools/build.sh              helm, promtool, toxiproxy, registry and crane
 #                                     (`make test`, `make tools`)
-#   tests/tools/build.sh prometheus   the Prometheus server only (`make dashboard`),
+#   hack/tools/build.sh prometheus   the Prometheus server only (`make dashboard`),
 #                                     from the same module and version as promtool
 #                                     (pinned in prometheus/go.mod; the script fails
 #                                     if the two pins differ), cached under its own
 #                                     key, so it never enters `make test`'s path
 #
-# Same pattern as tests/controlplane/build.sh (both use tests/tools/cache.sh): the
+# Same pattern as hack/controlplane/build.sh (both use hack/tools/cache.sh): the
 # binaries are kept in a machine-wide cache keyed by a hash of everything that
 # decides their content (go.mod/go.sum, the flags below, the Go version), so a fresh
 # clone only links them; they are rebuilt only when a pin or a flag changes. Three
@@ -54,7 +54,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 out="$repo/target/tools/bin"
 t0=$(date +%s)
-# shellcheck source=tests/tools/cache.sh
+# shellcheck source=hack/tools/cache.sh
 source "$here/cache.sh"
 
 helm_version=v4.3.2
@@ -75,7 +75,7 @@ export CGO_ENABLED=0 GOWORK=off GOFLAGS=-buildvcs=false
 build_flags=(-trimpath)
 
 # cached_go_build PREFIX [BINARY MODULE PACKAGE LDFLAGS TAGS]...
-# Builds each PACKAGE, from the module in tests/tools/MODULE, as BINARY with LDFLAGS
+# Builds each PACKAGE, from the module in hack/tools/MODULE, as BINARY with LDFLAGS
 # and TAGS (either may be empty), into $cache_root/tools/PREFIX<key>/bin, and links
 # the binaries into $out. The key hashes each MODULE's go.mod and go.sum (once, in
 # order, with the module's own .go files if it has any), then the non-empty LDFLAGS and TAGS joined by "|", build_flags, CGO_ENABLED
