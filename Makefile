@@ -94,7 +94,7 @@ dashboard: ## Draw docs/dashboard.png from a real Prometheus scraping two guards
 	hack/dashboard.sh $(DASHBOARD_SECONDS)
 
 .PHONY: model
-model: ## The model check, deep bounds (tests/model): state counts and times per bound; MODEL_THREADS=2 for both cores, MODEL_BOUNDS=text for the bounds named so
+model: ## The model check, deep bounds (tests/local/model): state counts and times per bound; MODEL_THREADS=2 for both cores, MODEL_BOUNDS=text for the bounds named so
 	cargo test --release --locked --test model -- --ignored --nocapture the_protocol_holds_within_the_deep_bounds
 
 .PHONY: race

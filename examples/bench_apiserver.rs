@@ -16,7 +16,7 @@
 //!    worker and replica from the apiserver's audit log, and the latency from a pod's
 //!    creation to the ownerReference on its secret.
 //!
-//! Every guard runs as its service account, as `tests/e2e` runs it. Prints tables.
+//! Every guard runs as its service account, as `tests/controlplane/e2e` runs it. Prints tables.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod bench_support;

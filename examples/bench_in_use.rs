@@ -18,7 +18,7 @@
 //! 3. **`helm uninstall`** of a release of 100 ConfigMaps, 100 Secrets and a Deployment of
 //!    two pods using some of them, in an opted-in namespace, with the guard and without.
 //!
-//! The guard runs as the service account `tests/e2e_in_use.rs` gives it, `enabled` meaning
+//! The guard runs as the service account `tests/controlplane/e2e_in_use.rs` gives it, `enabled` meaning
 //! `refuse`; the deferred deletes' namespaces are labelled `defer`. Prints tables.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 

@@ -59,7 +59,7 @@ clear_unreleased() {
 	kubectl delete validatingwebhookconfiguration,mutatingwebhookconfiguration cds-secret-guard \
 		--ignore-not-found >/dev/null
 	kubectl -n cds-secret-guard delete --ignore-not-found --wait -f "$repo/manifests/base/rbac.yaml" >/dev/null
-	# tests/e2e_renewal.rs applies the chart's renewal rights (and removes them itself).
+	# tests/controlplane/e2e_renewal.rs applies the chart's renewal rights (and removes them itself).
 	kubectl delete --ignore-not-found --wait clusterrolebinding/cds-secret-guard-check \
 		clusterrolebinding/cds-secret-guard-webhooks clusterrole/cds-secret-guard-webhooks \
 		namespace/cds-secret-guard >/dev/null

@@ -5,7 +5,7 @@
 #   oci://REGISTRY/charts/cds-secret-guard       the chart, <version>, whose image.repository
 #                                                defaults to REGISTRY/cds-secret-guard
 # <version> is Cargo.toml's, the one source of the chart's version and appVersion (the
-# packaged chart says so whatever Chart.yaml holds; tests/helm.rs keeps them equal).
+# packaged chart says so whatever Chart.yaml holds; tests/controlplane/helm.rs keeps them equal).
 #
 #   hack/release.sh [DIR]   DIR: another checkout (an earlier commit's) released instead,
 #                           its image built from its own Dockerfile (the upgrade tests)

@@ -2,7 +2,7 @@
 # Builds the tools the tests run, from the Go module proxy: helm (the chart's
 # lint, template and install tests; pinned in helm/go.mod), promtool (checks and
 # unit-tests the alerting rules; pinned in promtool/go.mod), toxiproxy (the
-# fault-injecting TCP proxy of tests/e2e_lagging_watch.rs; pinned in
+# fault-injecting TCP proxy of tests/controlplane/e2e_lagging_watch.rs; pinned in
 # toxiproxy/go.mod), and the shipped suite's registry (registry/main.go, on
 # go-containerregistry) with crane, which pushes to it (pinned in registry/go.mod),
 # and puts them in <repo>/target/tools/bin/.

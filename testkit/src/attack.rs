@@ -1,6 +1,6 @@
 //! Raw clients for abusing an admission port: TLS with a chosen CA and server name,
 //! HTTP/1.1 heads and HTTP/2 frames written by hand (a conforming client would not send
-//! them). Used by tests/abuse.rs against in-process servers and by tests/soak against a
+//! them). Used by tests/local/abuse.rs against in-process servers and by tests/node/soak against a
 //! guard pod.
 
 use std::{net::SocketAddr, path::Path, sync::Arc};

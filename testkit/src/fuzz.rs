@@ -1,5 +1,5 @@
 //! The checks shared by the fuzz targets (`fuzz/fuzz_targets/`) and by
-//! `tests/fuzz_corpus.rs`, which replays the seed corpus through
+//! `tests/local/fuzz_corpus.rs`, which replays the seed corpus through
 //! them: one input in, a panic on any broken property out.
 //!
 //! A handler input is two control bytes, which choose what the fake cluster answers

@@ -1,5 +1,5 @@
 // Pins toxiproxy, the fault-injecting TCP proxy the lagging-watch test puts between the
-// guard and the apiserver (tests/e2e_lagging_watch.rs). Own module, like helm and
+// guard and the apiserver (tests/controlplane/e2e_lagging_watch.rs). Own module, like helm and
 // promtool. To change the version: go get -tool
 // github.com/Shopify/toxiproxy/v2/cmd/server@vX.Y.Z, go mod tidy, and the ldflags
 // version in ../build.sh.

@@ -427,7 +427,7 @@ impl ContainerMemory {
 }
 
 /// The worst a client of the admission port can do to the guard's memory, as
-/// tests/abuse.rs does it to the binary: every request slot holds a body just under the
+/// tests/local/abuse.rs does it to the binary: every request slot holds a body just under the
 /// body limit, every other connection is HTTP/2 filled to what the server allows. The
 /// connections are returned, held.
 async fn abuse(
