@@ -278,6 +278,6 @@ pub fn annotations<D: Decision>(decision: &D) -> Vec<(&'static str, String)> {
         ("reason", decision.reason().to_owned()),
         ("message", decision.message().to_owned()),
     ];
-    annotations.extend(decision.annotations());
+    decision.annotate(&mut annotations);
     annotations
 }

@@ -72,8 +72,8 @@ pub trait Decision {
     /// beyond what every line has.
     fn audit_fields<'a>(&'a self, kind: &'static str, name: &'a str) -> AuditFields<'a>;
 
-    /// The apiserver's audit annotations beyond `decision`, `reason` and `message`.
-    fn annotations(&self) -> Vec<(&'static str, String)>;
+    /// Adds the apiserver's audit annotations beyond `decision`, `reason` and `message`.
+    fn annotate(&self, annotations: &mut Vec<(&'static str, String)>);
 }
 
 /// The fields of an audit line that say what a decision was on and what it found; a

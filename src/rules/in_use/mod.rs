@@ -560,11 +560,10 @@ impl crate::rules::Decision for Verdict {
         }
     }
 
-    fn annotations(&self) -> Vec<(&'static str, String)> {
-        if self.pods.is_empty() {
-            return Vec::new();
+    fn annotate(&self, annotations: &mut Vec<(&'static str, String)>) {
+        if !self.pods.is_empty() {
+            annotations.push(("pods", self.pods.join(",")));
         }
-        vec![("pods", self.pods.join(","))]
     }
 }
 

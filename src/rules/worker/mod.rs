@@ -563,8 +563,7 @@ impl rules::Decision for Verdict {
         }
     }
 
-    fn annotations(&self) -> Vec<(&'static str, String)> {
-        let mut annotations = Vec::new();
+    fn annotate(&self, annotations: &mut Vec<(&'static str, String)>) {
         if let Some(worker) = &self.worker {
             annotations.push(("worker", worker.clone()));
         }
@@ -574,7 +573,6 @@ impl rules::Decision for Verdict {
         if let Some(age) = self.age {
             annotations.push(("secret-age", format!("{}s", age.as_secs())));
         }
-        annotations
     }
 }
 
