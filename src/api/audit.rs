@@ -19,7 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    observe::telemetry::AUDIT_TARGET as TARGET,
+    observe::{events::DeletedRef, telemetry::AUDIT_TARGET as TARGET},
     rules::{AuditFields, Decision},
 };
 
@@ -46,17 +46,6 @@ pub struct Requester<'a> {
 pub struct AuditLog {
     window: Duration,
     recent: Mutex<HashMap<Key, Repeats>>,
-}
-
-/// The object a delete was asked of.
-#[derive(Debug, Clone, Copy)]
-pub struct Deleted<'a> {
-    /// `Secret` or `ConfigMap`.
-    pub kind: &'static str,
-    /// Its namespace.
-    pub namespace: &'a str,
-    /// Its name.
-    pub name: &'a str,
 }
 
 /// What makes two decisions identical.
@@ -108,7 +97,7 @@ impl AuditLog {
     /// for the summary when it repeats one written within the window.
     pub fn record<D: Decision>(
         &self,
-        deleted: Deleted<'_>,
+        deleted: DeletedRef<'_>,
         who: Who<'_>,
         requester: Requester<'_>,
         decision: &D,

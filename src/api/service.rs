@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::AppState;
 use crate::{
-    api::audit::{self, Deleted, Requester, Who},
+    api::audit::{self, Requester, Who},
     api::review::{Answer, ReviewRequest},
     cluster::references::Kind,
     observe::events,
@@ -100,17 +100,17 @@ pub async fn validate_delete<'a>(
             Verdict::deny(Reason::LookupFailed, worker, age, message)
         }
     };
-    let deleted = Deleted {
+    let deleted = events::DeletedRef {
         kind: "Secret",
         namespace: delete.namespace,
         name: delete.name,
+        uid: old_object.and_then(|secret| secret.uid.as_deref()),
     };
     let who = Who {
         username: delete.username,
         groups: delete.groups,
     };
-    let uid = old_object.and_then(|secret| secret.uid.as_deref());
-    finish(state, request, deleted, uid, who, &verdict)
+    finish(state, request, deleted, who, &verdict)
 }
 
 /// What every decision on a delete gets, whichever rule set made it: its audit line
@@ -119,8 +119,7 @@ pub async fn validate_delete<'a>(
 fn finish<'a, O, D: Decision>(
     state: &AppState,
     request: &'a ReviewRequest<'a, O>,
-    deleted: Deleted<'_>,
-    uid: Option<&str>,
+    deleted: events::DeletedRef<'_>,
     who: Who<'_>,
     decision: &D,
 ) -> Answer<'a> {
@@ -132,18 +131,12 @@ fn finish<'a, O, D: Decision>(
     state.audit.record(deleted, who, requester, decision, enforced);
     // A dry run has no side effect (the webhook says `sideEffects: NoneOnDryRun`).
     if !request.dry_run {
-        let object = events::DeletedRef {
-            kind: deleted.kind,
-            namespace: deleted.namespace,
-            name: deleted.name,
-            uid,
-        };
         if enforced && !decision.allowed() {
             state
                 .events
-                .delete_denied(object, decision.reason(), decision.message());
+                .delete_denied(deleted, decision.reason(), decision.message());
         } else if decision.deferred() {
-            state.events.delete_deferred(object, decision.message());
+            state.events.delete_deferred(deleted, decision.message());
         }
     }
     let outcome = audit::outcome(decision.allowed(), enforced);
@@ -250,19 +243,13 @@ pub async fn validate_in_use_delete<'a>(
                 .to_owned(),
         ),
     };
-    let deleted = Deleted {
+    let deleted = events::DeletedRef {
         kind: kind.as_str(),
         namespace: delete.namespace,
         name: delete.name,
+        uid: object.and_then(|object| object.uid.as_deref()),
     };
-    finish(
-        state,
-        request,
-        deleted,
-        object.and_then(|object| object.uid.as_deref()),
-        who,
-        &verdict,
-    )
+    finish(state, request, deleted, who, &verdict)
 }
 
 /// The patch for a pod create, if it needs one. The secrets' hatchery label is read by

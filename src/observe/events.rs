@@ -37,7 +37,7 @@ pub struct Events {
     metrics: Option<Arc<Metrics>>,
 }
 
-/// The object a refused delete was for.
+/// The object a delete was asked of.
 #[derive(Debug, Clone, Copy)]
 pub struct DeletedRef<'a> {
     /// `Secret` or `ConfigMap`.
