@@ -127,6 +127,16 @@ async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// Waits for an Event of `ns` that `matches`.
+async fn until_event(ns: &TestNamespace, what: &str, matches: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client().await, &ns.name);
+    until(what, async || {
+        let listed = events.list(&ListParams::default()).await.unwrap();
+        listed.items.iter().any(&matches)
+    })
+    .await;
+}
+
 fn names(pods: &[Pod]) -> Vec<String> {
     let mut names: Vec<String> = pods.iter().map(|pod| pod.metadata.name.clone().unwrap()).collect();
     names.sort();
@@ -462,18 +472,9 @@ async fn in_an_opted_in_namespace_kubectl_delete_is_refused_while_a_deployment_h
         .await;
     assert_eq!((&line["decision"], &line["reason"]), (&json!("deny"), &json!("in-use")));
     assert_eq!(line["pods"], pods.join(","));
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client().await, &ns.name);
-    until("a DeleteDenied Event on the ConfigMap", async || {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|event| {
-                event.reason.as_deref() == Some("DeleteDenied")
-                    && event.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ConfigMap")
-            })
+    until_event(&ns, "a DeleteDenied Event on the ConfigMap", |event| {
+        event.reason.as_deref() == Some("DeleteDenied")
+            && event.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ConfigMap")
     })
     .await;
     // The local control plane's audit policy records Secrets, not ConfigMaps.
@@ -740,18 +741,9 @@ async fn in_defer_a_used_object_is_held_and_its_delete_completes_once_its_last_p
             && event["annotations"]["in-use-deferred.cds-secret-guard.io/reason"] == "deferred"
     });
     assert!(recorded, "the apiserver's audit log has the deferral");
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client().await, &ns.name);
-    until("a DeleteDeferred Event on the ConfigMap", async || {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|event| {
-                event.reason.as_deref() == Some("DeleteDeferred")
-                    && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("settings")
-            })
+    until_event(&ns, "a DeleteDeferred Event on the ConfigMap", |event| {
+        event.reason.as_deref() == Some("DeleteDeferred")
+            && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("settings")
     })
     .await;
     // An unused object goes at once, as without the guard.
