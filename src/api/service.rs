@@ -31,7 +31,7 @@ use crate::{
 /// delete's reason with the outcome it has in `mode`, and the pod mutation's outcomes.
 pub fn possible_decisions(mode: rules::Mode) -> impl Iterator<Item = DecisionLabels> {
     let enforced = mode == rules::Mode::Enforce;
-    let deletes = Reason::ALL.into_iter().map(move |reason| DecisionLabels {
+    let deletes = Reason::ALL.iter().map(move |&reason| DecisionLabels {
         rules: WORKER_RULES,
         operation: "DELETE",
         decision: audit::outcome(!reason.denies(), enforced),
@@ -54,7 +54,7 @@ pub fn possible_decisions(mode: rules::Mode) -> impl Iterator<Item = DecisionLab
 /// Every decision in-use protection counts, each reason with the outcome it has in `mode`.
 pub fn possible_in_use_decisions(mode: rules::Mode) -> impl Iterator<Item = DecisionLabels> {
     let enforced = mode == rules::Mode::Enforce;
-    in_use::Reason::ALL.into_iter().map(move |reason| DecisionLabels {
+    in_use::Reason::ALL.iter().map(move |&reason| DecisionLabels {
         rules: IN_USE_RULES,
         operation: "DELETE",
         decision: audit::outcome(!reason.denies(), enforced),

@@ -10,7 +10,7 @@ use kube::{Api, Client, api::ListParams};
 use serde::Serialize;
 
 use crate::{
-    Result,
+    Result, cluster,
     rules::worker::pod::PodState,
     rules::worker::reads::KubeLookup,
     rules::worker::{Settings, WorkerPods, pod_owners, secret_age},
@@ -107,10 +107,7 @@ pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<&str>)
 /// The worker's pods are found by the same quorum reads and judged live by the same
 /// rule as the policy's rule 5.
 pub async fn run(client: Client, policy: &Settings, namespace: Option<&str>) -> Result<Vec<Report>> {
-    let secrets: Api<Secret> = match namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    };
+    let secrets: Api<Secret> = cluster::api_in(client.clone(), namespace);
     // Quorum reads (no resourceVersion), metadata only: no secret data is fetched.
     let listed = secrets.list_metadata(&ListParams::default()).await?;
     let lookup = KubeLookup::new(client);

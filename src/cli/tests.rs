@@ -24,12 +24,18 @@ fn the_version_names_the_commit_built() {
     );
 }
 
-#[test]
-fn defaults_protect_cds_worker_secrets() {
-    let cli = Cli::try_parse_from(["cds-secret-guard", "serve"]).unwrap();
-    let Command::Serve(args) = cli.command else {
+/// The arguments of `serve` with `flags`.
+fn serve(flags: &[&str]) -> Box<ServeArgs> {
+    let args = ["cds-secret-guard", "serve"].iter().chain(flags);
+    let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else {
         panic!("not serve")
     };
+    args
+}
+
+#[test]
+fn defaults_protect_cds_worker_secrets() {
+    let args = serve(&[]);
     let config = args.into_config();
     assert_eq!(config.worker.grace_period, Duration::from_secs(600));
     assert_eq!(
@@ -43,9 +49,7 @@ fn defaults_protect_cds_worker_secrets() {
 
 #[test]
 fn durations_are_humane_and_lists_repeat() {
-    let cli = Cli::try_parse_from([
-        "cds-secret-guard",
-        "serve",
+    let args = serve(&[
         "--grace-period",
         "90s",
         "--mode",
@@ -56,11 +60,7 @@ fn durations_are_humane_and_lists_repeat() {
         "b-",
         "--exempt-group",
         "ops",
-    ])
-    .unwrap();
-    let Command::Serve(args) = cli.command else {
-        panic!("not serve")
-    };
+    ]);
     let config = args.into_config();
     assert_eq!(config.worker.grace_period, Duration::from_secs(90));
     assert_eq!(config.worker.secret_prefixes, ["a-", "b-"]);
@@ -70,36 +70,19 @@ fn durations_are_humane_and_lists_repeat() {
 
 #[test]
 fn an_empty_list_means_nobody() {
-    let cli = Cli::try_parse_from(["cds-secret-guard", "serve", "--exempt-user", ""]).unwrap();
-    let Command::Serve(args) = cli.command else {
-        panic!("not serve")
-    };
+    let args = serve(&["--exempt-user", ""]);
     assert!(args.into_config().rules.exempt_users.is_empty());
 }
 
 #[test]
 fn without_a_lease_every_replica_adopts() {
-    let cli = Cli::try_parse_from(["cds-secret-guard", "serve"]).unwrap();
-    let Command::Serve(args) = cli.command else {
-        panic!("not serve")
-    };
+    let args = serve(&[]);
     assert!(args.into_config().lease.is_none());
 }
 
 #[test]
 fn the_lease_keeps_kube_controller_managers_timing() {
-    let cli = Cli::try_parse_from([
-        "cds-secret-guard",
-        "serve",
-        "--lease",
-        "guard",
-        "--lease-identity",
-        "pod-a",
-    ])
-    .unwrap();
-    let Command::Serve(args) = cli.command else {
-        panic!("not serve")
-    };
+    let args = serve(&["--lease", "guard", "--lease-identity", "pod-a"]);
     let config = args.into_config();
     config.validate().unwrap();
     let lease = config.lease.unwrap();
@@ -116,10 +99,7 @@ fn the_lease_keeps_kube_controller_managers_timing() {
 #[case::duration_in_fractions(&["--lease-duration", "15500ms"])]
 #[case::no_retry_period(&["--lease-retry-period", "0s"])]
 fn a_lease_that_cannot_work_is_refused(#[case] flags: &[&str]) {
-    let args = ["cds-secret-guard", "serve", "--lease", "guard"].iter().chain(flags);
-    let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else {
-        panic!("not serve")
-    };
+    let args = serve(&[["--lease", "guard"].as_slice(), flags].concat());
     let error = args.into_config().validate().unwrap_err();
     assert!(error.to_string().contains("--lease"), "{error}");
 }

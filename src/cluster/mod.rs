@@ -7,6 +7,8 @@ pub mod lease;
 pub mod namespaces;
 pub mod references;
 pub mod revision;
+mod scope;
 mod text;
 
+pub use scope::{api_in, scopes};
 pub use text::Text;

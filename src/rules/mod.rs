@@ -3,6 +3,42 @@
 
 use std::time::Duration;
 
+/// Declares a rule set's reasons: the enum, `ALL` (for the counters to start at 0), the
+/// stable code each is written as in logs, metrics and audit annotations, and `Display`
+/// as that code.
+macro_rules! reasons {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$doc:meta])* $variant:ident => $code:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every reason, for the decision counters to start at 0.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The stable code of this reason.
+            pub fn code(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $code,)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.code())
+            }
+        }
+    };
+}
+
 pub mod in_use;
 mod reads;
 pub mod worker;
@@ -43,14 +79,23 @@ pub trait Decision {
     /// What the audit line calls the request: "<this> allow", "<this> deny".
     const REQUEST: &'static str;
 
+    /// What every decision says.
+    fn outcome(&self) -> Outcome<'_>;
+
     /// Whether the delete may proceed.
-    fn allowed(&self) -> bool;
+    fn allowed(&self) -> bool {
+        self.outcome().allowed
+    }
 
     /// The rule that decided, as a stable code.
-    fn reason(&self) -> &'static str;
+    fn reason(&self) -> &'static str {
+        self.outcome().reason
+    }
 
     /// What the user is told.
-    fn message(&self) -> &str;
+    fn message(&self) -> &str {
+        self.outcome().message
+    }
 
     /// Whether the decision is audited; a delete of nothing the rules protect is not.
     fn audited(&self) -> bool {
@@ -74,6 +119,17 @@ pub trait Decision {
 
     /// Adds the apiserver's audit annotations beyond `decision`, `reason` and `message`.
     fn annotate(&self, annotations: &mut Vec<(&'static str, String)>);
+}
+
+/// What every decision says, whichever rule set made it.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome<'a> {
+    /// Whether the delete may proceed.
+    pub allowed: bool,
+    /// The rule that decided, as a stable code.
+    pub reason: &'static str,
+    /// What the user is told.
+    pub message: &'a str,
 }
 
 /// The fields of an audit line that say what a decision was on and what it found; a

@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{FORCE_ANNOTATION, InUseLookup, KubeInUse, Mode, ObjectDelete, ROOT_CA, is_held, may_release, opted_in};
 use crate::{
-    Error, Result,
+    Error, Result, cluster,
     cluster::lease::Leadership,
     cluster::namespaces::NamespaceCache,
     cluster::references::Kind,
@@ -188,14 +188,9 @@ impl Holder {
     /// One term: a controller per kind and scope, each told of its objects' users by the
     /// pod index, until `ended`.
     async fn hold_until(self: Arc<Self>, ended: CancellationToken) {
-        let scopes: Vec<Option<String>> = if self.scope.is_empty() {
-            vec![None]
-        } else {
-            self.scope.iter().cloned().map(Some).collect()
-        };
         let mut routes = HashMap::new();
         let mut controllers = Vec::new();
-        for scope in scopes {
+        for scope in cluster::scopes(&self.scope) {
             let (secrets, secret_changes) = mpsc::unbounded();
             let (config_maps, config_map_changes) = mpsc::unbounded();
             routes.insert((scope.clone(), Kind::Secret), secrets);
@@ -241,10 +236,7 @@ impl Holder {
         changes: mpsc::UnboundedReceiver<(String, String)>,
         ended: CancellationToken,
     ) {
-        let api: Api<PartialObjectMeta<K>> = match &scope {
-            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-            None => Api::all(self.client.clone()),
-        };
+        let api: Api<PartialObjectMeta<K>> = cluster::api_in(self.client.clone(), scope.as_deref());
         let (objects, writer) = reflector::store();
         let events = watcher(api, watcher::Config::default())
             .default_backoff()
@@ -374,6 +366,13 @@ impl Holder {
     }
 }
 
+/// The object one reconcile is about, and the handle that writes it.
+struct Target<'a, K: Protected> {
+    objects: Api<PartialObjectMeta<K>>,
+    namespace: &'a str,
+    name: &'a str,
+}
+
 /// One object: [`plan`], then the write it calls for.
 async fn reconcile<K: Protected>(object: Arc<PartialObjectMeta<K>>, context: Arc<Context<K>>) -> Result<Action> {
     let holder = &context.holder;
@@ -382,14 +381,19 @@ async fn reconcile<K: Protected>(object: Arc<PartialObjectMeta<K>>, context: Arc
         return Ok(Action::await_change());
     };
     let key = (K::RULES_KIND, namespace.to_owned(), name.to_owned());
-    let objects: Api<PartialObjectMeta<K>> = Api::namespaced(holder.client.clone(), namespace);
+    let target = Target::<K> {
+        objects: Api::namespaced(holder.client.clone(), namespace),
+        namespace,
+        name,
+    };
+    let objects = &target.objects;
     let held = is_held(meta);
     let deleting = meta.deletion_timestamp.is_some();
     let used = !held && !deleting && holder.used(K::RULES_KIND, namespace, name);
     let action = match plan(held, deleting, holder.mode_of(meta), used) {
         Step::Keep => Action::await_change(),
         Step::Hold => {
-            hold(&objects, meta).await?;
+            hold(objects, meta).await?;
             holder.metrics.in_use_finalizer("add");
             tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, "held for deferred deletes: a pod uses it");
             Action::await_change()
@@ -397,87 +401,77 @@ async fn reconcile<K: Protected>(object: Arc<PartialObjectMeta<K>>, context: Arc
         Step::Release if !deleting => {
             // Conditional on the version read: a delete in between was deferred on the
             // finalizer's word, and the object must be looked at again.
-            if release(&objects, meta, true).await? {
+            if release(objects, meta, true).await? {
                 holder.metrics.in_use_finalizer("remove");
                 tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, "released: no longer opted in to deferred deletes");
             }
             Action::await_change()
         }
-        Step::Release => release_opted_out(holder, &objects, meta).await?,
-        Step::ReleaseWhenUnused => release_when_unused(holder, &objects, meta).await?,
+        Step::Release => target.release_opted_out(holder).await?,
+        Step::ReleaseWhenUnused => target.release_when_unused(holder, meta).await?,
     };
     holder.forget(&key);
     Ok(action)
 }
 
-/// An object held and being deleted: released once [`may_release`] proves that no pod
-/// that stays uses it, else looked at again in [`RECHECK`] (or when its users change).
-async fn release_when_unused<K: Protected>(
-    holder: &Holder,
-    objects: &Api<PartialObjectMeta<K>>,
-    meta: &ObjectMeta,
-) -> Result<Action> {
-    let (namespace, name) = (
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default(),
-    );
-    let delete = ObjectDelete {
-        kind: K::RULES_KIND,
-        namespace,
-        name,
-        object: Some(meta),
-        exempt: false,
-        mode: Mode::Refuse,
-    };
-    let verdict = may_release(&delete, &holder.reads).await;
-    if verdict.reason == super::Reason::LookupFailed {
-        return Err(Error::Conflict(verdict.message));
-    }
-    if !verdict.allowed {
-        tracing::debug!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, pods = %verdict.pods.join(","), "deferred delete waits for its pods");
-        holder.tell_of_pods_created_since(K::RULES_KIND, meta);
-        return Ok(Action::requeue(RECHECK));
-    }
-    if release(objects, meta, false).await? {
-        holder.metrics.in_use_finalizer("remove");
-        tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, reason = verdict.reason.code(), detail = %verdict.message, "deferred delete completes");
-    }
-    Ok(Action::await_change())
-}
+// === impl Target ===
 
-/// An object being deleted whose watches show it opted out: read again with its
-/// namespace by quorum, and released if they agree; else it waits for its pods.
-async fn release_opted_out<K: Protected>(
-    holder: &Holder,
-    objects: &Api<PartialObjectMeta<K>>,
-    meta: &ObjectMeta,
-) -> Result<Action> {
-    let (namespace, name) = (
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default(),
-    );
-    let Some(current) = objects.get_metadata_opt(name).await? else {
-        return Ok(Action::await_change());
-    };
-    let current = current.metadata;
-    let namespaces: Api<Namespace> = Api::all(holder.client.clone());
-    let namespace_labels = namespaces
-        .get_metadata_opt(namespace)
-        .await?
-        .and_then(|found| found.metadata.labels);
-    // The watch is behind: its next event brings the object again.
-    if !is_held(&current) || current.deletion_timestamp.is_none() {
-        return Ok(Action::await_change());
+impl<K: Protected> Target<'_, K> {
+    /// An object held and being deleted: released once [`may_release`] proves that no pod
+    /// that stays uses it, else looked at again in [`RECHECK`] (or when its users change).
+    async fn release_when_unused(&self, holder: &Holder, meta: &ObjectMeta) -> Result<Action> {
+        let (objects, namespace, name) = (&self.objects, self.namespace, self.name);
+        let delete = ObjectDelete {
+            kind: K::RULES_KIND,
+            namespace,
+            name,
+            object: Some(meta),
+            exempt: false,
+            mode: Mode::Refuse,
+        };
+        let verdict = may_release(&delete, &holder.reads).await;
+        if verdict.reason == super::Reason::LookupFailed {
+            return Err(Error::Conflict(verdict.message));
+        }
+        if !verdict.allowed {
+            tracing::debug!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, pods = %verdict.pods.join(","), "deferred delete waits for its pods");
+            holder.tell_of_pods_created_since(K::RULES_KIND, meta);
+            return Ok(Action::requeue(RECHECK));
+        }
+        if release(objects, meta, false).await? {
+            holder.metrics.in_use_finalizer("remove");
+            tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, reason = verdict.reason.code(), detail = %verdict.message, "deferred delete completes");
+        }
+        Ok(Action::await_change())
     }
-    let mode = opted_in(current.labels.as_ref(), namespace_labels.as_ref(), holder.default_mode);
-    if mode.is_some() && !holder.left_out(namespace) {
-        return release_when_unused(holder, objects, &current).await;
+
+    /// An object being deleted whose watches show it opted out: read again with its
+    /// namespace by quorum, and released if they agree; else it waits for its pods.
+    async fn release_opted_out(&self, holder: &Holder) -> Result<Action> {
+        let (objects, namespace, name) = (&self.objects, self.namespace, self.name);
+        let Some(current) = objects.get_metadata_opt(name).await? else {
+            return Ok(Action::await_change());
+        };
+        let current = current.metadata;
+        let namespaces: Api<Namespace> = Api::all(holder.client.clone());
+        let namespace_labels = namespaces
+            .get_metadata_opt(namespace)
+            .await?
+            .and_then(|found| found.metadata.labels);
+        // The watch is behind: its next event brings the object again.
+        if !is_held(&current) || current.deletion_timestamp.is_none() {
+            return Ok(Action::await_change());
+        }
+        let mode = opted_in(current.labels.as_ref(), namespace_labels.as_ref(), holder.default_mode);
+        if mode.is_some() && !holder.left_out(namespace) {
+            return self.release_when_unused(holder, &current).await;
+        }
+        if release(objects, &current, false).await? {
+            holder.metrics.in_use_finalizer("remove");
+            tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, "deferred delete completes: no longer opted in");
+        }
+        Ok(Action::await_change())
     }
-    if release(objects, &current, false).await? {
-        holder.metrics.in_use_finalizer("remove");
-        tracing::info!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, "deferred delete completes: no longer opted in");
-    }
-    Ok(Action::await_change())
 }
 
 fn error_policy<K: Protected>(object: Arc<PartialObjectMeta<K>>, error: &Error, context: Arc<Context<K>>) -> Action {

@@ -172,25 +172,26 @@ pub trait InUseLookup: Send + Sync {
     }
 }
 
-/// Which rule decided, as a stable code for logs, metrics and audit annotations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// Rule 1: an object never protected.
-    NotProtected,
-    /// Rule 2: the requester is exempt.
-    Exempt,
-    /// Rule 3: forced by the annotation.
-    Forced,
-    /// Rule 4: held by the finalizer until no pod uses it.
-    Deferred,
-    /// Rule 5: pods use it.
-    InUse,
-    /// Rule 6: the pods could not be verified.
-    LookupFailed,
-    /// Rule 7: no pod uses it.
-    Unused,
-    /// A denial overridden: the namespace is being deleted.
-    NamespaceTerminating,
+reasons! {
+    /// Which rule decided, as a stable code for logs, metrics and audit annotations.
+    pub enum Reason {
+        /// Rule 1: an object never protected.
+        NotProtected => "not-protected",
+        /// Rule 2: the requester is exempt.
+        Exempt => "exempt",
+        /// Rule 3: forced by the annotation.
+        Forced => "forced",
+        /// Rule 4: held by the finalizer until no pod uses it.
+        Deferred => "deferred",
+        /// Rule 5: pods use it.
+        InUse => "in-use",
+        /// Rule 6: the pods could not be verified.
+        LookupFailed => "lookup-failed",
+        /// Rule 7: no pod uses it.
+        Unused => "unused",
+        /// A denial overridden: the namespace is being deleted.
+        NamespaceTerminating => "namespace-terminating",
+    }
 }
 
 /// The outcome of the rules for one delete.
@@ -304,21 +305,23 @@ async fn unless_the_namespace_goes(namespace: &str, verdict: Verdict, lookup: &d
 /// shows if any (no read), else those of one quorum read.
 async fn remaining_users(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> crate::Result<Vec<String>> {
     let (kind, namespace, name) = (request.kind, request.namespace, request.name);
-    let names = |pods: Vec<Dependent>| {
-        let mut names: Vec<String> = pods
-            .into_iter()
-            .filter(|pod| !pod.terminal)
-            .map(|pod| pod.name)
-            .collect();
-        names.sort_unstable();
-        names.dedup();
-        names
-    };
-    let cached = names(lookup.cached_users(namespace, kind, name));
+    let cached = not_terminal(lookup.cached_users(namespace, kind, name));
     if !cached.is_empty() {
         return Ok(cached);
     }
-    Ok(names(lookup.users(namespace, kind, name).await?))
+    Ok(not_terminal(lookup.users(namespace, kind, name).await?))
+}
+
+/// The names of the `pods` that are not terminal, sorted, each once.
+fn not_terminal(pods: Vec<Dependent>) -> Vec<String> {
+    let mut names: Vec<String> = pods
+        .into_iter()
+        .filter(|pod| !pod.terminal)
+        .map(|pod| pod.name)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// Whether the object carries the [`FINALIZER`].
@@ -348,14 +351,7 @@ pub fn opted_in(
 /// watch shows are named, unread: the proof waits for the finalizer's removal.
 fn deferred(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
     let what = Subject(request.kind, request.name);
-    let mut pods: Vec<String> = lookup
-        .cached_users(request.namespace, request.kind, request.name)
-        .into_iter()
-        .filter(|pod| !pod.terminal)
-        .map(|pod| pod.name)
-        .collect();
-    pods.sort_unstable();
-    pods.dedup();
+    let mut pods = not_terminal(lookup.cached_users(request.namespace, request.kind, request.name));
     let more = pods.len().saturating_sub(NAMED_PODS);
     pods.truncate(NAMED_PODS);
     let message = if pods.is_empty() {
@@ -442,41 +438,9 @@ impl Dependent {
 // === impl Reason ===
 
 impl Reason {
-    /// Every reason, for the decision counters to start at 0.
-    pub const ALL: [Self; 8] = [
-        Self::NotProtected,
-        Self::Exempt,
-        Self::Forced,
-        Self::Deferred,
-        Self::InUse,
-        Self::LookupFailed,
-        Self::Unused,
-        Self::NamespaceTerminating,
-    ];
-
     /// Whether a verdict for this reason refuses the delete.
     pub fn denies(self) -> bool {
         matches!(self, Self::InUse | Self::LookupFailed)
-    }
-
-    /// The stable code of this reason.
-    pub fn code(self) -> &'static str {
-        match self {
-            Self::NotProtected => "not-protected",
-            Self::Exempt => "exempt",
-            Self::Forced => "forced",
-            Self::Deferred => "deferred",
-            Self::InUse => "in-use",
-            Self::LookupFailed => "lookup-failed",
-            Self::Unused => "unused",
-            Self::NamespaceTerminating => "namespace-terminating",
-        }
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.code())
     }
 }
 
@@ -529,16 +493,12 @@ impl crate::rules::Decision for Verdict {
     const RULES: &'static str = IN_USE_RULES;
     const REQUEST: &'static str = "in-use delete";
 
-    fn allowed(&self) -> bool {
-        self.allowed
-    }
-
-    fn reason(&self) -> &'static str {
-        self.reason.code()
-    }
-
-    fn message(&self) -> &str {
-        &self.message
+    fn outcome(&self) -> crate::rules::Outcome<'_> {
+        crate::rules::Outcome {
+            allowed: self.allowed,
+            reason: self.reason.code(),
+            message: &self.message,
+        }
     }
 
     fn deferred(&self) -> bool {

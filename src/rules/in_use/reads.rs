@@ -30,7 +30,7 @@ use super::{
     index::{ObjectKey, UserIndex},
 };
 use crate::{
-    Error, Result,
+    Error, Result, cluster,
     cluster::namespaces::{self, NamespaceCache},
     cluster::references::Kind,
     cluster::revision::{self, CATCH_UP},
@@ -116,12 +116,7 @@ impl KubeInUse {
         namespaces: NamespaceCache,
         metrics: Arc<Metrics>,
     ) -> (Self, impl Future<Output = ()> + Send + use<>) {
-        let scopes: Vec<Option<String>> = if scope.is_empty() {
-            vec![None]
-        } else {
-            scope.iter().cloned().map(Some).collect()
-        };
-        let indexes: Vec<Arc<UserIndex>> = scopes
+        let indexes: Vec<Arc<UserIndex>> = cluster::scopes(scope)
             .into_iter()
             .map(|scope| Arc::new(UserIndex::new(scope)))
             .collect();
@@ -232,10 +227,7 @@ impl KubeInUse {
 
 /// Feeds `index` from a watch of its scope's pods, all along.
 async fn watch_pods(client: Client, index: Arc<UserIndex>) {
-    let pods: Api<Pod> = match index.scope() {
-        Some(namespace) => Api::namespaced(client, namespace),
-        None => Api::all(client),
-    };
+    let pods: Api<Pod> = cluster::api_in(client, index.scope());
     watcher(pods, watcher::Config::default())
         .default_backoff()
         .inspect_ok(|event| index.observe(event))

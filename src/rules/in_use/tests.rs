@@ -96,19 +96,31 @@ async fn delete_with(lookup: &Fake, annotations: &[(&str, &str)]) -> Verdict {
         annotations: Some(annotations.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()),
         ..ObjectMeta::default()
     };
-    let request = ObjectDelete {
-        kind: Kind::ConfigMap,
-        namespace: "app",
-        name: "settings",
-        object: Some(&meta),
-        exempt: false,
-        mode: Mode::Refuse,
-    };
-    decide(&request, lookup).await
+    delete_of(lookup, &meta, Mode::Refuse).await
+}
+
+/// `object` being deleted, held by `finalizers`.
+fn being_deleted(object: Dependent, finalizers: &[impl ToString]) -> Dependent {
+    Dependent {
+        deleting: true,
+        finalizers: finalizers.iter().map(ToString::to_string).collect(),
+        ..object
+    }
 }
 
 async fn delete(lookup: &Fake) -> Verdict {
     delete_with(lookup, &[]).await
+}
+
+/// The reason a delete gets while `user` uses the object and `objects` can be read.
+async fn reason_among(objects: &[&Dependent], user: Dependent) -> Reason {
+    let lookup = objects
+        .iter()
+        .copied()
+        .cloned()
+        .fold(Fake::default(), Fake::with)
+        .using(user);
+    delete(&lookup).await.reason
 }
 
 #[tokio::test]
@@ -217,70 +229,51 @@ async fn the_force_annotation_lets_it_through_saying_why() {
 async fn helm_uninstall_completes_once_the_deployment_is_gone() {
     let (deployment, replica_set, pod) = workload();
     // Gone: the pod and its ReplicaSet are dangling, and both still name their owners.
-    let lookup = Fake::default().with(replica_set.clone()).using(pod.clone());
-    assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+    assert_eq!(reason_among(&[&replica_set], pod.clone()).await, Reason::Unused);
     // Still there: the pod stays.
-    let lookup = Fake::default()
-        .with(deployment.clone())
-        .with(replica_set.clone())
-        .using(pod.clone());
-    assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    assert_eq!(
+        reason_among(&[&deployment, &replica_set], pod.clone()).await,
+        Reason::InUse
+    );
     // Being deleted in the foreground, or with nothing holding it: the pod goes with it.
-    for finalizers in [vec![FOREGROUND_DELETION.to_owned()], Vec::new()] {
-        let deleting = Dependent {
-            deleting: true,
-            finalizers,
-            ..deployment.clone()
-        };
-        let lookup = Fake::default()
-            .with(deleting)
-            .with(replica_set.clone())
-            .using(pod.clone());
-        assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+    for finalizers in [&[FOREGROUND_DELETION][..], &[]] {
+        let deleting = being_deleted(deployment.clone(), finalizers);
+        assert_eq!(
+            reason_among(&[&deleting, &replica_set], pod.clone()).await,
+            Reason::Unused
+        );
     }
 }
 
 #[tokio::test]
 async fn an_owner_another_finalizer_holds_keeps_its_pods() {
     let (_, replica_set, pod) = workload();
-    let held = Dependent {
-        deleting: true,
-        finalizers: vec!["example.com/hold".into()],
-        ..replica_set
-    };
+    let held = being_deleted(replica_set, &["example.com/hold"]);
     // The Deployment is gone and the ReplicaSet deleted, but it may be held for good.
-    let lookup = Fake::default().with(held.clone()).using(pod.clone());
-    assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    assert_eq!(reason_among(&[&held], pod.clone()).await, Reason::InUse);
     // Not deleted yet, but its owner is gone: held all the same once the GC deletes it.
     let held = Dependent {
         deleting: false,
         ..held
     };
-    let lookup = Fake::default().with(held).using(pod);
-    assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    assert_eq!(reason_among(&[&held], pod).await, Reason::InUse);
 }
 
 #[tokio::test]
 async fn an_orphaning_delete_leaves_the_pods_in_use() {
     let (deployment, replica_set, pod) = workload();
     // `--cascade=orphan`: the owner waits on its `orphan` finalizer.
-    let orphaning = Dependent {
-        deleting: true,
-        finalizers: vec!["orphan".into()],
-        ..deployment
-    };
-    let lookup = Fake::default()
-        .with(orphaning)
-        .with(replica_set.clone())
-        .using(pod.clone());
-    assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    let orphaning = being_deleted(deployment, &["orphan"]);
+    assert_eq!(
+        reason_among(&[&orphaning, &replica_set], pod.clone()).await,
+        Reason::InUse
+    );
     // Already orphaned: the owner is gone, and the ReplicaSet read again no longer names it.
     let orphaned = Dependent {
         owners: Vec::new(),
         ..replica_set
     };
-    let lookup = Fake::default().with(orphaned).using(pod);
-    assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    assert_eq!(reason_among(&[&orphaned], pod).await, Reason::InUse);
 }
 
 #[tokio::test]
@@ -288,15 +281,17 @@ async fn a_pod_with_an_owner_left_or_of_another_kind_stays() {
     let (_, replica_set, _) = workload();
     let other = object("example.com/v1", "Runner", "runner", &[]);
     // The Runner is gone too, but its kind is not followed.
-    let lookup = Fake::default().using(pod("by-crd", &[&other]));
-    assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    assert_eq!(reason_among(&[], pod("by-crd", &[&other])).await, Reason::InUse);
     // One owner gone, one left: the garbage collector removes the reference only.
     let gone = object("apps/v1", "ReplicaSet", "gone", &[]);
-    let lookup = Fake::default()
-        .with(replica_set.clone())
-        .with(object("apps/v1", "Deployment", "web", &[]))
-        .using(pod("two-owners", &[&replica_set, &gone]));
-    assert_eq!(delete(&lookup).await.reason, Reason::InUse);
+    assert_eq!(
+        reason_among(
+            &[&replica_set, &object("apps/v1", "Deployment", "web", &[])],
+            pod("two-owners", &[&replica_set, &gone])
+        )
+        .await,
+        Reason::InUse
+    );
 }
 
 #[tokio::test]
@@ -306,8 +301,7 @@ async fn an_owner_replaced_under_its_name_is_gone() {
         uid: "uid-new".into(),
         ..deployment
     };
-    let lookup = Fake::default().with(replaced).with(replica_set).using(pod);
-    assert_eq!(delete(&lookup).await.reason, Reason::Unused);
+    assert_eq!(reason_among(&[&replaced, &replica_set], pod).await, Reason::Unused);
 }
 
 #[tokio::test]
@@ -394,11 +388,16 @@ async fn delete_in(lookup: &Fake, mode: Mode, held: bool) -> Verdict {
         finalizers: held.then(|| vec!["example.com/other".to_owned(), FINALIZER.to_owned()]),
         ..ObjectMeta::default()
     };
+    delete_of(lookup, &meta, mode).await
+}
+
+/// A delete of the ConfigMap `settings`, as `meta` stands, in `mode`.
+async fn delete_of(lookup: &Fake, meta: &ObjectMeta, mode: Mode) -> Verdict {
     let request = ObjectDelete {
         kind: Kind::ConfigMap,
         namespace: "app",
         name: "settings",
-        object: Some(&meta),
+        object: Some(meta),
         exempt: false,
         mode,
     };

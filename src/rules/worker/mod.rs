@@ -26,7 +26,7 @@ pub mod watch;
 
 pub use secret::SecretObject;
 
-use std::{fmt, time::Duration};
+use std::time::Duration;
 
 use futures::future::join_all;
 use k8s_openapi::{
@@ -66,29 +66,30 @@ pub struct SecretDelete<'a> {
     pub groups: &'a [String],
 }
 
-/// Which rule decided, as a stable code for logs, metrics and audit annotations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// Rule 1: the secret is not protected.
-    NotProtected,
-    /// The secret no longer exists (no `oldObject` was sent and a read found nothing).
-    NotFound,
-    /// The secret is in a namespace the guard does not watch.
-    OutOfScope,
-    /// Rule 2: the requester is exempt.
-    Exempt,
-    /// Rules 3 and 7: the pods owning the secret are gone and no live pod of the worker exists.
-    OwnerGone,
-    /// Rule 4: the secret is younger than the grace period.
-    TooYoung,
-    /// Rule 5: a live pod of the worker exists.
-    PodLive,
-    /// Rule 6: the pods could not be verified.
-    LookupFailed,
-    /// Rule 7: no pod needs the secret.
-    Orphan,
-    /// A denial overridden: the namespace is being deleted.
-    NamespaceTerminating,
+reasons! {
+    /// Which rule decided, as a stable code for logs, metrics and audit annotations.
+    pub enum Reason {
+        /// Rule 1: the secret is not protected.
+        NotProtected => "not-protected",
+        /// The secret no longer exists (no `oldObject` was sent and a read found nothing).
+        NotFound => "not-found",
+        /// The secret is in a namespace the guard does not watch.
+        OutOfScope => "out-of-scope",
+        /// Rule 2: the requester is exempt.
+        Exempt => "exempt",
+        /// Rules 3 and 7: the pods owning the secret are gone and no live pod of the worker exists.
+        OwnerGone => "owner-gone",
+        /// Rule 4: the secret is younger than the grace period.
+        TooYoung => "too-young",
+        /// Rule 5: a live pod of the worker exists.
+        PodLive => "pod-live",
+        /// Rule 6: the pods could not be verified.
+        LookupFailed => "lookup-failed",
+        /// Rule 7: no pod needs the secret.
+        Orphan => "orphan",
+        /// A denial overridden: the namespace is being deleted.
+        NamespaceTerminating => "namespace-terminating",
+    }
 }
 
 /// The outcome of the rules for one delete.
@@ -459,45 +460,9 @@ impl Settings {
 // === impl Reason ===
 
 impl Reason {
-    /// Every reason, for metrics that start at zero.
-    pub const ALL: [Reason; 10] = [
-        Self::NotProtected,
-        Self::NotFound,
-        Self::OutOfScope,
-        Self::Exempt,
-        Self::OwnerGone,
-        Self::TooYoung,
-        Self::PodLive,
-        Self::LookupFailed,
-        Self::Orphan,
-        Self::NamespaceTerminating,
-    ];
-
     /// Whether a verdict for this reason refuses the delete (in warn mode: would).
     pub fn denies(self) -> bool {
         matches!(self, Self::TooYoung | Self::PodLive | Self::LookupFailed)
-    }
-
-    /// The stable code of this reason.
-    pub fn code(self) -> &'static str {
-        match self {
-            Self::NotProtected => "not-protected",
-            Self::NotFound => "not-found",
-            Self::OutOfScope => "out-of-scope",
-            Self::Exempt => "exempt",
-            Self::OwnerGone => "owner-gone",
-            Self::TooYoung => "too-young",
-            Self::PodLive => "pod-live",
-            Self::LookupFailed => "lookup-failed",
-            Self::Orphan => "orphan",
-            Self::NamespaceTerminating => "namespace-terminating",
-        }
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.code())
     }
 }
 
@@ -537,16 +502,12 @@ impl rules::Decision for Verdict {
     const RULES: &'static str = WORKER_RULES;
     const REQUEST: &'static str = "secret delete";
 
-    fn allowed(&self) -> bool {
-        self.allowed
-    }
-
-    fn reason(&self) -> &'static str {
-        self.reason.code()
-    }
-
-    fn message(&self) -> &str {
-        &self.message
+    fn outcome(&self) -> rules::Outcome<'_> {
+        rules::Outcome {
+            allowed: self.allowed,
+            reason: self.reason.code(),
+            message: &self.message,
+        }
     }
 
     fn audited(&self) -> bool {

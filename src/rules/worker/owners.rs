@@ -58,7 +58,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    Error, Result,
+    Error, Result, cluster,
     cluster::lease::Leadership,
     cluster::revision::parse_revision,
     observe::events::{Events, secret_reference},
@@ -165,27 +165,18 @@ impl Reconciler {
     /// Watches worker pods until `shutdown`, and adopts their secrets while `leadership`
     /// says so: one watch and controller per watched namespace, or one for all.
     pub async fn run(self: Arc<Self>, leadership: Leadership, shutdown: CancellationToken) {
-        let scopes: Vec<Option<String>> = if self.namespaces.is_empty() {
-            vec![None]
-        } else {
-            self.namespaces.iter().cloned().map(Some).collect()
-        };
-        let controllers = scopes
+        let controllers = cluster::scopes(&self.namespaces)
             .into_iter()
             .map(|scope| self.clone().run_scope(scope, leadership.clone(), shutdown.clone()));
         join_all(controllers).await;
     }
 
-    /// An API handle in the scope: one namespace, or all. Metadata-only types
-    /// (`PartialObjectMeta`) make metadata-only requests.
+    /// An API handle in the scope: one namespace, or all.
     fn api<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
         &self,
         namespace: Option<&str>,
     ) -> Api<K> {
-        match namespace {
-            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-            None => Api::all(self.client.clone()),
-        }
+        cluster::api_in(self.client.clone(), namespace)
     }
 
     /// One scope's pod watch, all along, and its controller, term after term.

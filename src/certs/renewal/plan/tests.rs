@@ -37,13 +37,7 @@ fn the_settle_time_is_a_hundredth_of_the_ca_life_within_bounds() {
 
 #[test]
 fn a_first_start_signs_at_once() {
-    assert_eq!(
-        plan(&empty(1000), &TIMING),
-        Step::NewCa {
-            signing: true,
-            keep: Vec::new()
-        }
-    );
+    assert_eq!(plan(&empty(1000), &TIMING), a_new_ca(true));
 }
 
 #[test]
@@ -62,13 +56,7 @@ fn a_ca_the_webhooks_trust_stays_and_the_new_one_waits_its_turn() {
 
     // Only expired CAs: nothing can chain to them, so the new CA signs at once.
     facts.held = vec![vec![expired]];
-    assert_eq!(
-        plan(&facts, &TIMING),
-        Step::NewCa {
-            signing: true,
-            keep: Vec::new()
-        }
-    );
+    assert_eq!(plan(&facts, &TIMING), a_new_ca(true));
 }
 
 #[test]
@@ -129,13 +117,7 @@ fn a_shortened_validity_takes_effect_at_once() {
         not_after: 1000 + TIMING.leaf_validity,
         sound: true,
     });
-    assert_eq!(
-        plan(&facts, &TIMING),
-        Step::NewCa {
-            signing: false,
-            keep: Vec::new()
-        }
-    );
+    assert_eq!(plan(&facts, &TIMING), a_new_ca(false));
 }
 
 #[test]
@@ -392,4 +374,12 @@ fn a_lost_state_keeps_the_ca_the_webhooks_trust() {
     world.leaf = None;
     world.run(2000);
     assert_eq!(world.broken, 0);
+}
+
+/// A new CA with nothing else kept, signing at once or not.
+fn a_new_ca(signing: bool) -> Step {
+    Step::NewCa {
+        signing,
+        keep: Vec::new(),
+    }
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::Protected;
 use crate::{
-    Error, Result,
+    Error, Result, cluster,
     rules::in_use::{FINALIZER, is_held},
 };
 
@@ -80,23 +80,15 @@ pub struct Released {
 /// being deleted then go at once, whatever uses them.
 pub async fn release_all(client: &Client, scope: &[String]) -> Result<Released> {
     let mut released = Released::default();
-    let scopes: Vec<Option<&str>> = if scope.is_empty() {
-        vec![None]
-    } else {
-        scope.iter().map(|namespace| Some(namespace.as_str())).collect()
-    };
-    for namespace in scopes {
-        release_all_of::<Secret>(client, namespace, &mut released).await?;
-        release_all_of::<ConfigMap>(client, namespace, &mut released).await?;
+    for namespace in cluster::scopes(scope) {
+        release_all_of::<Secret>(client, namespace.as_deref(), &mut released).await?;
+        release_all_of::<ConfigMap>(client, namespace.as_deref(), &mut released).await?;
     }
     Ok(released)
 }
 
 async fn release_all_of<K: Protected>(client: &Client, scope: Option<&str>, released: &mut Released) -> Result<()> {
-    let api: Api<PartialObjectMeta<K>> = match scope {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    };
+    let api: Api<PartialObjectMeta<K>> = cluster::api_in(client.clone(), scope);
     let mut params = ListParams::default().limit(500);
     loop {
         let page = api.list_metadata(&params).await?;
