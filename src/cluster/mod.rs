@@ -6,9 +6,11 @@ pub mod gate;
 pub mod lease;
 pub mod namespaces;
 pub mod references;
+mod retries;
 pub mod revision;
 mod scope;
 mod text;
 
+pub use retries::Retries;
 pub use scope::{api_in, scopes};
 pub use text::Text;

@@ -29,12 +29,7 @@
 //! and [`release_all`] (`cds-secret-guard release-finalizers`, the chart's uninstall hook)
 //! removes the finalizer everywhere.
 
-use std::{
-    collections::HashMap,
-    fmt::Debug,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, fmt::Debug, sync::Arc, time::Duration};
 
 use futures::{FutureExt, StreamExt, channel::mpsc, future::join_all};
 use k8s_openapi::{
@@ -71,9 +66,6 @@ const CONCURRENCY: u16 = 8;
 /// How often an object held for a deferred delete is looked at again when nothing said
 /// that its users changed (an owner up a pod's chain may have).
 const RECHECK: Duration = Duration::from_secs(30);
-/// Retry delays after a failure.
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-const LAST_RETRY: Duration = Duration::from_secs(300);
 
 /// What the guard does with one object's finalizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,13 +130,13 @@ pub struct Holder {
     scope: Vec<String>,
     metrics: Arc<Metrics>,
     events: Events,
-    retries: Mutex<HashMap<(Kind, String, String), u32>>,
 }
 
 /// What a term's reconciles share.
 struct Context<K: Protected> {
     holder: Arc<Holder>,
     objects: Store<PartialObjectMeta<K>>,
+    retries: cluster::Retries<ObjectRef<PartialObjectMeta<K>>>,
 }
 
 // === impl Holder ===
@@ -170,7 +162,6 @@ impl Holder {
             scope,
             metrics,
             events,
-            retries: Mutex::default(),
         })
     }
 
@@ -266,6 +257,7 @@ impl Holder {
         let context = Arc::new(Context {
             holder: self,
             objects: objects.clone(),
+            retries: cluster::Retries::default(),
         });
         Controller::for_stream(events, objects)
             .reconcile_on(namespace_changed)
@@ -347,23 +339,6 @@ impl Holder {
         };
         self.events.used_after_delete(object, &since);
     }
-
-    fn next_retry(&self, key: (Kind, String, String)) -> Duration {
-        let mut retries = self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if retries.len() > 1024 {
-            retries.clear();
-        }
-        let attempt = retries.entry(key).or_default();
-        *attempt = attempt.saturating_add(1);
-        (FIRST_RETRY * 2u32.saturating_pow(*attempt - 1)).min(LAST_RETRY)
-    }
-
-    fn forget(&self, key: &(Kind, String, String)) {
-        self.retries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(key);
-    }
 }
 
 /// The object one reconcile is about, and the handle that writes it.
@@ -380,7 +355,6 @@ async fn reconcile<K: Protected>(object: Arc<PartialObjectMeta<K>>, context: Arc
     let (Some(namespace), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else {
         return Ok(Action::await_change());
     };
-    let key = (K::RULES_KIND, namespace.to_owned(), name.to_owned());
     let target = Target::<K> {
         objects: Api::namespaced(holder.client.clone(), namespace),
         namespace,
@@ -410,7 +384,7 @@ async fn reconcile<K: Protected>(object: Arc<PartialObjectMeta<K>>, context: Arc
         Step::Release => target.release_opted_out(holder).await?,
         Step::ReleaseWhenUnused => target.release_when_unused(holder, meta).await?,
     };
-    holder.forget(&key);
+    context.retries.forget(&ObjectRef::from_obj(&*object));
     Ok(action)
 }
 
@@ -479,12 +453,13 @@ fn error_policy<K: Protected>(object: Arc<PartialObjectMeta<K>>, error: &Error, 
     holder.metrics.in_use_finalizer_error();
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let name = object.metadata.name.clone().unwrap_or_default();
-    let delay = holder.next_retry((K::RULES_KIND, namespace.clone(), name.clone()));
+    let key = ObjectRef::from_obj(&*object);
     // A deleted object is not reconciled again: forget it here.
-    if context.objects.get(&ObjectRef::from_obj(&*object)).is_none() {
-        holder.forget(&(K::RULES_KIND, namespace.clone(), name.clone()));
+    if context.objects.get(&key).is_none() {
+        context.retries.forget(&key);
         return Action::await_change();
     }
+    let delay = context.retries.next(&key, |key| context.objects.get(key).is_some());
     tracing::warn!(%error, %namespace, kind = K::RULES_KIND.as_str(), object = %name, ?delay, "cannot hold or release for deferred deletes, retrying");
     Action::requeue(delay)
 }

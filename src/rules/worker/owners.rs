@@ -76,10 +76,6 @@ const CONCURRENCY: u16 = 16;
 /// Attempts at a write that keeps conflicting with other writers.
 const ATTEMPTS: usize = 5;
 
-/// Retry delays: after a failure, and while a referenced secret does not exist yet.
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-const LAST_RETRY: Duration = Duration::from_secs(300);
-
 /// The reconciler: adds ownerReferences from worker secrets to their pods.
 pub struct Reconciler {
     client: Client,
@@ -136,7 +132,7 @@ struct Context {
     pods: Store<PodLiveness>,
     /// Worker-labelled secrets, metadata only: a hint of what exists and what is done.
     secrets: Store<PartialObjectMeta<Secret>>,
-    retries: Mutex<HashMap<ObjectRef<PodLiveness>, u32>>,
+    retries: cluster::Retries<ObjectRef<PodLiveness>>,
 }
 
 // === impl Reconciler ===
@@ -280,7 +276,7 @@ impl Reconciler {
             reconciler: self,
             pods: pods.clone(),
             secrets,
-            retries: Mutex::default(),
+            retries: cluster::Retries::default(),
         });
         Controller::for_stream(forwarded.map(Ok), pods)
             .watches_stream(secret_events, move |secret| pod_of(&policy, &secret.metadata, &watched))
@@ -475,24 +471,14 @@ fn uid(pod: &PodLiveness) -> Option<u64> {
 // === impl Context ===
 
 impl Context {
-    /// The delay before the next attempt for `pod`: 1 s, doubling up to 5 min.
+    /// The delay before the next attempt for `pod`.
     fn next_retry(&self, pod: &ObjectRef<PodLiveness>) -> Duration {
-        let mut retries = self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Forget pods that are gone, now and then, so the map stays small.
-        if retries.len() > 1024 {
-            retries.retain(|pod, _| self.pods.get(pod).is_some());
-        }
-        let attempt = retries.entry(pod.clone()).or_default();
-        *attempt = attempt.saturating_add(1);
-        (FIRST_RETRY * 2u32.saturating_pow(*attempt - 1)).min(LAST_RETRY)
+        self.retries.next(pod, |pod| self.pods.get(pod).is_some())
     }
 
     /// Done with `pod`: nothing to retry.
     fn forget(&self, pod: &ObjectRef<PodLiveness>) -> Action {
-        self.retries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(pod);
+        self.retries.forget(pod);
         Action::await_change()
     }
 }
