@@ -89,28 +89,20 @@ fn an_allow_reads_the_worker_once_with_its_label(
     assert_eq!(asked, reads);
 }
 
+/// Whether `text` is a valid label value, and a valid object name (DNS subdomain).
 #[rstest]
-#[case("w1", true)]
-#[case("a.b-c_d", true)]
-#[case("", true)]
-#[case("-a", false)]
-#[case(".a", false)]
-#[case("a/b", false)]
-#[case(&"w".repeat(64), false)]
-fn label_values(#[case] value: &str, #[case] valid: bool) {
-    assert_eq!(is_label_value(value), valid);
-}
-
-#[rstest]
-#[case("w1", true)]
-#[case("a.b-c", true)]
-#[case("", false)]
-#[case("W1", false)]
-#[case("a_b", false)]
-#[case("-a", false)]
-#[case("a..b", false)]
-#[case("..", false)]
-#[case(&"w".repeat(254), false)]
-fn object_names(#[case] name: &str, #[case] valid: bool) {
-    assert_eq!(is_object_name(name), valid);
+#[case("w1", true, true)]
+#[case("a.b-c", true, true)]
+#[case("a.b-c_d", true, false)]
+#[case("", true, false)]
+#[case("W1", true, false)]
+#[case("a..b", true, false)]
+#[case("-a", false, false)]
+#[case(".a", false, false)]
+#[case("..", false, false)]
+#[case("a/b", false, false)]
+#[case(&"w".repeat(64), false, true)]
+#[case(&"w".repeat(254), false, false)]
+fn label_values_and_object_names(#[case] text: &str, #[case] label_value: bool, #[case] object_name: bool) {
+    assert_eq!((is_label_value(text), is_object_name(text)), (label_value, object_name));
 }
