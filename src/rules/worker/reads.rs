@@ -29,6 +29,10 @@ use crate::{
 /// pod, rarely more.
 const LABEL_PAGE: u32 = 10;
 
+/// What rule 5 reads of a worker: the pod named after it, and the pods its label names,
+/// each answer apart.
+pub type WorkerPods = (Result<Option<PodState>>, Result<Vec<PodState>>);
+
 /// The apiserver reads behind the admission decisions, behind a narrow trait so the
 /// rules can be tested with an in-memory fake and model-checked against a model store.
 #[async_trait]
@@ -43,12 +47,7 @@ pub trait ClusterLookup: Send + Sync {
     /// rule 5 reads of a worker. Each answer stands apart, so that a live pod one of them
     /// shows denies whatever became of the other. By default [`ClusterLookup::pod`] and
     /// [`ClusterLookup::pods_labelled`], at once.
-    async fn namesake_and_labelled(
-        &self,
-        namespace: &str,
-        label: &str,
-        worker: &str,
-    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
+    async fn namesake_and_labelled(&self, namespace: &str, label: &str, worker: &str) -> WorkerPods {
         futures::join!(
             self.pod(namespace, worker),
             self.pods_labelled(namespace, label, worker)
@@ -201,12 +200,7 @@ impl ClusterLookup for KubeLookup {
         }
     }
 
-    async fn namesake_and_labelled(
-        &self,
-        namespace: &str,
-        label: &str,
-        worker: &str,
-    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
+    async fn namesake_and_labelled(&self, namespace: &str, label: &str, worker: &str) -> WorkerPods {
         let Some(watch) = self.busy_watch(namespace, label) else {
             // The label has no index to answer from: a GET and a label LIST, at once.
             self.count_listed();
@@ -280,12 +274,7 @@ impl ClusterLookup for Bounded<dyn ClusterLookup> {
 
     /// One read with two answers: one timer, failed if either failed; past the deadline,
     /// both fail.
-    async fn namesake_and_labelled(
-        &self,
-        namespace: &str,
-        label: &str,
-        worker: &str,
-    ) -> (Result<Option<PodState>>, Result<Vec<PodState>>) {
+    async fn namesake_and_labelled(&self, namespace: &str, label: &str, worker: &str) -> WorkerPods {
         let timer = self.time();
         let read = self.inner().namesake_and_labelled(namespace, label, worker);
         let (namesake, labelled) = self
