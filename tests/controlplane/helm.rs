@@ -1028,6 +1028,21 @@ fn chart_refuses_what_cannot_work() {
             "timeoutSeconds",
         ),
         (json!({"exemptions": {"users": []}}), "users"),
+        // A key the chart does not define, at the top or in any object it defines: a
+        // value of another release of the chart, or a typo, is refused, never ignored.
+        (json!({"replica": 3}), "'replica' not allowed"),
+        (json!({"inUse": {"enabeld": true}}), "'enabeld' not allowed"),
+        (
+            json!({"certificate": {"guard": {"caValidty": "5y"}}}),
+            "'caValidty' not allowed",
+        ),
+        (
+            json!({"monitoring": {"prometheusRule": {"enable": true}}}),
+            "'enable' not allowed",
+        ),
+        (json!({"image": {"digest": "sha256:0"}}), "'digest' not allowed"),
+        // Six months is `6months`: `6mo` is no duration the guard reads.
+        (json!({"certificate": {"guard": {"caValidity": "6mo"}}}), "caValidity"),
     ] {
         let error = template_error(&overrides);
         assert!(error.contains(says), "{overrides}: {error}");
