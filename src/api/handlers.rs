@@ -3,12 +3,14 @@
 use std::sync::{Arc, atomic::Ordering};
 
 use axum::{
-    extract::{Extension, State},
+    body::Bytes,
+    extract::{FromRequest, Request as HttpRequest, State},
     http::StatusCode,
     response::{IntoResponse, Response},
 };
 use kube::core::admission::Operation;
 use serde::Deserialize;
+use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
 use super::{AppState, service};
@@ -49,15 +51,8 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// Secret deletes. The request is decoded as metadata only: secret data is never parsed.
-pub async fn validate(
-    State(state): State<Arc<AppState>>,
-    Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
-    ReviewBody(body): ReviewBody,
-) -> Response {
-    let (request, span, _timer) = match open::<SecretObject>(&state, "validate", &body) {
-        Ok(opened) => opened,
-        Err(error) => return error.into_response(),
-    };
+pub async fn validate(Review { state, deadline, body }: Review) -> Result<Response, ApiError> {
+    let (request, span, _timer) = open::<SecretObject>(&state, "validate", &body)?;
     let answer = if is_for(&request, "Secret", Operation::Delete) {
         service::validate_delete(&state, &request, deadline)
             .instrument(span)
@@ -66,20 +61,13 @@ pub async fn validate(
         span.in_scope(|| tracing::debug!(kind = %request.kind.kind, "not a secret delete, allowed untouched"));
         Answer::allow(&request.uid)
     };
-    reply(&answer)
+    Ok(reply(&answer))
 }
 
 /// Deletes of opted-in Secrets and ConfigMaps (in-use protection). The object is decoded
 /// as its name, uid and force annotation only: its data is never parsed.
-pub async fn validate_in_use(
-    State(state): State<Arc<AppState>>,
-    Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
-    ReviewBody(body): ReviewBody,
-) -> Response {
-    let (request, span, _timer) = match open::<InUseObject>(&state, "validate-in-use", &body) {
-        Ok(opened) => opened,
-        Err(error) => return error.into_response(),
-    };
+pub async fn validate_in_use(Review { state, deadline, body }: Review) -> Result<Response, ApiError> {
+    let (request, span, _timer) = open::<InUseObject>(&state, "validate-in-use", &body)?;
     let kind = [Kind::Secret, Kind::ConfigMap]
         .into_iter()
         .find(|kind| is_for(&request, kind.as_str(), Operation::Delete));
@@ -96,23 +84,16 @@ pub async fn validate_in_use(
             Answer::allow(&request.uid)
         }
     };
-    reply(&answer)
+    Ok(reply(&answer))
 }
 
 /// Pod creates. Never denies: on any internal problem the pod is allowed unpatched.
-pub async fn mutate(
-    State(state): State<Arc<AppState>>,
-    Extension(RequestDeadline(deadline)): Extension<RequestDeadline>,
-    ReviewBody(body): ReviewBody,
-) -> Response {
-    let (request, span, _timer) = match open::<PodObject>(&state, "mutate", &body) {
-        Ok(opened) => opened,
-        Err(error) => return error.into_response(),
-    };
+pub async fn mutate(Review { state, deadline, body }: Review) -> Result<Response, ApiError> {
+    let (request, span, _timer) = open::<PodObject>(&state, "mutate", &body)?;
     let mut answer = Answer::allow(&request.uid);
     if !is_for(&request, "Pod", Operation::Create) {
         span.in_scope(|| tracing::debug!(kind = %request.kind.kind, "not a pod create, allowed untouched"));
-        return reply(&answer);
+        return Ok(reply(&answer));
     }
     let patch = service::mutate_pod(&state, &request, deadline)
         .instrument(span.clone())
@@ -125,7 +106,33 @@ pub async fn mutate(
             }
         }
     }
-    reply(&answer)
+    Ok(reply(&answer))
+}
+
+/// What every review endpoint starts from: the guard's state, the request's deadline (set
+/// by the admission middleware; a request that skipped it gets as long), and the body,
+/// read within that deadline.
+pub struct Review {
+    state: Arc<AppState>,
+    deadline: Instant,
+    body: Bytes,
+}
+
+impl FromRequest<Arc<AppState>> for Review {
+    type Rejection = ApiError;
+
+    async fn from_request(request: HttpRequest, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let deadline = match request.extensions().get::<RequestDeadline>() {
+            Some(RequestDeadline(deadline)) => *deadline,
+            None => Instant::now() + state.request_timeout,
+        };
+        let ReviewBody(body) = ReviewBody::from_request(request, state).await?;
+        Ok(Self {
+            state: state.clone(),
+            deadline,
+            body,
+        })
+    }
 }
 
 /// The review in `body`, decoded for `endpoint`, with its span and the timer of its
