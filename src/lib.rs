@@ -83,6 +83,17 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// The guard could not be called through its Service in time (`wait`).
+    #[error("the guard could not be called at {url} within {within:?}: {last}")]
+    NotCallable {
+        /// Where it was called.
+        url: String,
+        /// How long `wait` tried.
+        within: std::time::Duration,
+        /// What the last call met.
+        last: String,
+    },
+
     /// Serialising output failed.
     #[error("serialising: {0}")]
     Serialize(String),

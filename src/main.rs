@@ -6,6 +6,7 @@ use anyhow::Context;
 use cds_secret_guard::{
     Server, certs,
     cli::check,
+    cli::wait,
     cli::webhooks,
     cli::{Cli, Command, OutputFormat},
     observe::telemetry,
@@ -63,6 +64,26 @@ async fn main() -> anyhow::Result<ExitCode> {
                 n => format!("{n} objects"),
             };
             println!("{count} released from {}", cds_secret_guard::rules::in_use::FINALIZER);
+        }
+        Command::Wait(args) => {
+            let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())
+                .await
+                .context("no Kubernetes client")?;
+            let namespace = args.namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+            let target = wait::Target {
+                host: format!("{}.{namespace}.svc", args.service),
+                service: args.service,
+                namespace,
+                port: args.port,
+                webhook_configuration: args.webhook_configuration,
+                answers: args.answers,
+                timeout: args.timeout,
+            };
+            let took = wait::until_callable(&client, &target).await?;
+            println!(
+                "the guard answered {} calls in a row at https://{}:{} after {took:.1?}",
+                target.answers, target.host, target.port
+            );
         }
         Command::Check(args) => {
             let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())

@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod check;
+pub mod wait;
 pub mod webhooks;
 
 use crate::{
@@ -44,6 +45,9 @@ pub enum Command {
     /// Remove the guard's finalizer from every Secret and ConfigMap (uninstall; by hand
     /// while no replica runs): deferred deletes then complete at once.
     ReleaseFinalizers(ReleaseArgs),
+    /// Wait until the guard answers through its Service, trusted by every webhook's
+    /// caBundle, as the apiserver calls it (the chart runs it after an install).
+    Wait(WaitArgs),
 }
 
 /// Flags of `serve`.
@@ -296,6 +300,43 @@ pub struct ReleaseArgs {
     /// Namespace whose objects to release (repeatable; default: all).
     #[arg(long = "namespace", short = 'n', env = "CDS_GUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+
+    /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`, then
+    /// in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
+/// Flags of `wait`.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The guard's Service.
+    #[arg(long, default_value = "cds-secret-guard")]
+    pub service: String,
+
+    /// The Service's namespace (default: the kubeconfig's, in a pod its own).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+
+    /// The Service's port.
+    #[arg(long, default_value_t = 443)]
+    pub port: u16,
+
+    /// The name of the webhook configurations whose caBundles must trust the guard.
+    #[arg(long, default_value = "cds-secret-guard")]
+    pub webhook_configuration: String,
+
+    /// Calls answered in a row that make the guard callable.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub answers: u32,
+
+    /// How long to try (e.g. 2m).
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 
     /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`, then
     /// in-cluster).

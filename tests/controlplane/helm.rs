@@ -101,6 +101,18 @@ fn template(release: &str, namespace: &str, overrides: &Value) -> Vec<Value> {
     documents(&String::from_utf8(output.stdout).unwrap())
 }
 
+/// Whether `object` is a Helm hook.
+fn is_hook(object: &Value) -> bool {
+    !object["metadata"]["annotations"]["helm.sh/hook"].is_null()
+}
+
+/// Whether `object` is the post-install check's Job.
+fn is_wait(object: &Value) -> bool {
+    object["metadata"]["name"]
+        .as_str()
+        .is_some_and(|name| name.ends_with("-wait"))
+}
+
 /// `helm template` that must fail; returns its error output.
 fn template_error(overrides: &Value) -> String {
     let file = values(overrides);
@@ -415,6 +427,8 @@ fn chart_objects_are_the_kustomize_bases() {
         .filter(|k| k != "Namespace/cds-secret-guard" && k != "Secret/cds-secret-guard-ca")
         .collect();
     expected.sort();
+    // Hooks are Helm's alone (the post-install check).
+    let chart: Vec<Value> = chart.into_iter().filter(|object| !is_hook(object)).collect();
     assert_eq!(kinds(&chart), expected);
 
     let pod = |objects: &[Value]| find(objects, "Deployment", name)["spec"]["template"]["spec"].clone();
@@ -529,6 +543,7 @@ fn namespaced_chart_is_the_namespaced_overlay() {
     // Cluster-wide, nothing but the watched namespaces (and the check role).
     let cluster_roles: Vec<String> = of_kind(&chart, "ClusterRole")
         .iter()
+        .filter(|role| !is_hook(role))
         .map(|r| r["metadata"]["name"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(cluster_roles.len(), 2, "{cluster_roles:?}");
@@ -775,7 +790,34 @@ fn every_value_set_renders_what_it_says() {
                 assert_eq!(env_value(&env, "CDS_GUARD_LISTEN"), Some("0.0.0.0:8443"));
                 assert_eq!(env_value(&env, "CDS_GUARD_PROBE_LISTEN"), Some("0.0.0.0:8080"));
                 assert!(of_kind(&objects, "NetworkPolicy").is_empty());
-                assert!(of_kind(&objects, "Job").is_empty(), "nothing to release");
+                let jobs: Vec<_> = of_kind(&objects, "Job")
+                    .into_iter()
+                    .filter(|job| !is_wait(job))
+                    .collect();
+                assert!(jobs.is_empty(), "nothing to release");
+                // The post-install check: `wait`, reading the webhooks and the Service by
+                // name, from a pod that neither the Service nor the PDB takes for a replica.
+                let wait = find(&objects, "Job", "guard-cds-secret-guard-wait");
+                assert_eq!(wait["metadata"]["annotations"]["helm.sh/hook"], "post-install");
+                let pod = &wait["spec"]["template"];
+                assert_eq!(pod["spec"]["containers"][0]["args"][0], "wait");
+                let service = find(&objects, "Service", fullname);
+                let selected = service["spec"]["selector"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .all(|(label, value)| &pod["metadata"]["labels"][label] == value);
+                assert!(!selected, "the Service selects the Job's pod");
+                assert_eq!(
+                    find(&objects, "ClusterRole", "guard-cds-secret-guard-wait")["rules"],
+                    json!([{"apiGroups": ["admissionregistration.k8s.io"],
+                            "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+                            "resourceNames": [fullname], "verbs": ["get"]}])
+                );
+                assert_eq!(
+                    find(&objects, "Role", "guard-cds-secret-guard-wait")["rules"],
+                    json!([{"apiGroups": [""], "resources": ["services"], "resourceNames": [fullname], "verbs": ["get"]}])
+                );
             }
             "host network" => {
                 let pod = &deployment["spec"]["template"]["spec"];
@@ -806,7 +848,11 @@ fn every_value_set_renders_what_it_says() {
                 assert_eq!(
                     policy["spec"]["ingress"],
                     json!([{"ports": [{"protocol": "TCP", "port": 9443}, {"protocol": "TCP", "port": 9080}],
-                            "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}])
+                            "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}},
+                                     // The post-install check calls the guard too.
+                                     {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "cds-secret-guard-wait",
+                                                                      "app.kubernetes.io/instance": "guard",
+                                                                      "app.kubernetes.io/component": "wait"}}}]}])
                 );
             }
             "generated certificate" => {
@@ -839,7 +885,7 @@ fn every_value_set_renders_what_it_says() {
                 let lease = find(&objects, "Role", "guard-cds-secret-guard-lease");
                 assert_eq!(lease["metadata"]["namespace"], "ci-tools");
                 assert_eq!(
-                    of_kind(&objects, "RoleBinding").len(),
+                    of_kind(&objects, "RoleBinding").iter().filter(|b| !is_hook(b)).count(),
                     4,
                     "two namespaces, the Lease and the certificate"
                 );
@@ -1126,8 +1172,12 @@ impl Release {
         release
     }
 
+    /// No node runs pods here: the post-install check, which waits for the replicas to
+    /// answer, is left out (`tests/node/shipped` runs it).
     fn upgrade(&self, overrides: &Value) {
-        let file = values(overrides);
+        let mut overrides = overrides.clone();
+        overrides["installCheck"] = json!({"enabled": false});
+        let file = values(&overrides);
         run(self
             .helm()
             .args(["upgrade", "--install", self.name, CHART, "--create-namespace", "-f"])

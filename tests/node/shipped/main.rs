@@ -198,6 +198,11 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
 
     certificates_rotate_under_load().await;
 
+    // `helm install --wait` returns once the guard can be called, even right after an
+    // uninstall; and not while the webhooks do not trust it.
+    fresh_installs_are_callable_when_helm_returns().await;
+    an_install_the_webhooks_do_not_trust_fails().await;
+
     // The same guard from the kustomize manifests.
     kustomize_install_decides_from_its_pods().await;
 
@@ -211,6 +216,142 @@ async fn the_chart_installed_guard_keeps_every_worker_secret_on_the_node() {
 
     // From the registry, as an operator installs it, and upgraded from the last release.
     release::released_chart_upgrades_and_rolls_back_under_load().await;
+}
+
+/// Ten installs, each right after an uninstall (whose replicas still drain, serving a
+/// certificate of the CA the uninstall deleted), each followed at once by a worker pod and
+/// a delete of its secret: the pod is labelled, the delete refused by the guard, and the
+/// apiserver counts no failed call to the guard. The chart's post-install Job
+/// (`cds-secret-guard wait`) holds `helm install` until the guard answers through its
+/// Service; without it, calls failed with `x509: certificate signed by unknown authority`
+/// in two installs of four.
+async fn fresh_installs_are_callable_when_helm_returns() {
+    // No delete but the test's own while it counts: the garbage collector's deletes of
+    // the secrets of earlier tests' pods would meet the guard between two installs.
+    eventually("no namespace terminating", Duration::from_secs(120), || {
+        let namespaces = kubectl_json(&["get", "namespaces"]);
+        let items = namespaces["items"].as_array().cloned().unwrap_or_default();
+        items
+            .iter()
+            .all(|namespace| namespace["status"]["phase"] != "Terminating")
+            .then_some(())
+    })
+    .await;
+    let (_, failed_before) = webhook_calls();
+    let mut kept = Vec::new();
+    for attempt in 0..10 {
+        let release = Release::install(VERSION);
+        let ns = TestNamespace::new("fresh-install").await;
+        ns.worker_secret("w").await;
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "w"},
+            "spec": {"containers": [{"name": "w", "image": seed::WORKER_IMAGE, "imagePullPolicy": "Never",
+                "envFrom": [{"secretRef": {"name": "cds-worker-config-w"}}]}]},
+        }))
+        .unwrap();
+        let pod = ns.pods().create(&Default::default(), &pod).await.unwrap();
+        let refusal = ns
+            .delete_secret("cds-worker-config-w", &kube::api::DeleteParams::default())
+            .await
+            .expect_err("the delete is refused");
+        assert!(
+            refusal.message.contains("cannot be deleted within 10m of creation"),
+            "install {attempt}: {}",
+            refusal.message
+        );
+        let labels = pod.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels.get("CDS_WORKER_NAME").map(String::as_str),
+            Some("w"),
+            "install {attempt}: the pod was not labelled"
+        );
+        drop(release);
+        kept.push(ns);
+    }
+    let (_, failed_after) = webhook_calls();
+    assert_eq!(failed_after, failed_before, "failed webhook calls after fresh installs");
+    drop(kept);
+}
+
+/// A chart whose webhooks trust another CA than the one that signed the guard's
+/// certificate (`certificate.source=secret` with the wrong `caBundle`): its replicas are
+/// ready, but the post-install Job finds that the guard cannot be called, and the install
+/// fails with `--rollback-on-failure`, leaving no webhook behind.
+async fn an_install_the_webhooks_do_not_trust_fails() {
+    let (namespace, name) = ("cds-secret-guard", "cds-secret-guard");
+    let dir = std::env::temp_dir().join(format!("untrusted-{}", std::process::id()));
+    let certs = |out: &std::path::Path| {
+        run(std::process::Command::new(harness::guard_binary())
+            .args(["certs", "--out"])
+            .arg(out)
+            .args(["--host", &format!("{name}.{namespace}.svc")]));
+    };
+    certs(&dir.join("served"));
+    certs(&dir.join("other"));
+    let helm = || {
+        let mut command = std::process::Command::new(harness::repo().join("target/tools/bin/helm"));
+        command
+            .env("KUBECONFIG", harness::control_plane())
+            .args(["-n", namespace]);
+        command
+    };
+    let _ = helm().args(["uninstall", name, "--wait"]).output();
+    let _ = kubectl().args(["create", "namespace", namespace]).output();
+    let _ = kubectl()
+        .args(["-n", namespace, "delete", "secret", "untrusted-tls"])
+        .output();
+    run(kubectl()
+        .args(["-n", namespace, "create", "secret", "tls", "untrusted-tls"])
+        .args([
+            format!("--cert={}", dir.join("served/tls.crt").display()),
+            format!("--key={}", dir.join("served/tls.key").display()),
+        ]));
+    let started = std::time::Instant::now();
+    let install = helm()
+        .args(["install", name])
+        .arg(harness::repo().join("manifests/helm/cds-secret-guard"))
+        .args(["--wait", "--rollback-on-failure", "--timeout", "40s"])
+        .args([
+            "--set",
+            &format!("image.tag={VERSION}"),
+            "--set",
+            "image.pullPolicy=Never",
+        ])
+        .args([
+            "--set",
+            "certificate.source=secret",
+            "--set",
+            "certificate.secret.name=untrusted-tls",
+        ])
+        .arg(format!(
+            "--set-file=certificate.secret.caBundle={}",
+            dir.join("other/ca.crt").display()
+        ))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&install.stderr);
+    println!(
+        "an untrusted install: exit {:?} after {:?}: {said}",
+        install.status.code(),
+        started.elapsed()
+    );
+    assert!(
+        !install.status.success(),
+        "an install the webhooks do not trust succeeded"
+    );
+    assert!(said.contains("wait"), "the failure does not name the wait Job: {said}");
+    let left = kubectl()
+        .args(["get", "validatingwebhookconfiguration", name])
+        .output()
+        .unwrap();
+    assert!(!left.status.success(), "the failed install left its webhook behind");
+    let _ = kubectl()
+        .args(["-n", namespace, "delete", "job", "cds-secret-guard-wait"])
+        .output();
+    let _ = kubectl()
+        .args(["-n", namespace, "delete", "secret", "untrusted-tls"])
+        .output();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Calls to the guard's webhooks, and failed ones, from the apiserver's own metrics.

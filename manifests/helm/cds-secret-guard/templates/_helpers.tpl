@@ -17,6 +17,17 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/*
+The labels of a hook Job's pod (the component named by the argument): not the guard's,
+so that neither its Service, its PodDisruptionBudget nor its NetworkPolicy takes the
+Job's pod for a replica.
+*/}}
+{{- define "cds-secret-guard.jobSelectorLabels" -}}
+app.kubernetes.io/name: {{ .context.Chart.Name }}-{{ .component }}
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
 {{- define "cds-secret-guard.labels" -}}
 {{ include "cds-secret-guard.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
