@@ -42,7 +42,7 @@ image: ## Build the image from the Dockerfile with a local engine: cds-secret-gu
 	hack/image.sh
 
 .PHONY: release
-release: ## Push the image and the chart to REGISTRY=host:port (REGISTRY/cds-secret-guard:<version>, oci://REGISTRY/charts/cds-secret-guard); hack/release.sh says which logins and CA it takes
+release: ## Push the image and the chart to REGISTRY=host:port or host:port/path (REGISTRY/cds-secret-guard:<version>, oci://REGISTRY/charts/cds-secret-guard); hack/release.sh says which logins and CA it takes
 	REGISTRY=$(REGISTRY) hack/release.sh
 
 .PHONY: bench

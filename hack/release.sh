@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make release REGISTRY=host:port`: the image and the chart of this checkout, pushed to an
-# OCI registry as a release is:
+# `make release REGISTRY=host:port[/path]`: the image and the chart of this checkout, pushed
+# to an OCI registry as a release is:
 #   REGISTRY/cds-secret-guard:<version>          the image (make image; pushed by crane)
 #   oci://REGISTRY/charts/cds-secret-guard       the chart, <version>, whose image.repository
 #                                                defaults to REGISTRY/cds-secret-guard
@@ -11,7 +11,7 @@
 #                           its image built from its own Dockerfile (the upgrade tests)
 #
 # Env:
-#   REGISTRY            host:port (required)
+#   REGISTRY            host:port, or host:port/path (required)
 #   REGISTRY_CA         the registry's CA file, when the system does not trust it
 #   REGISTRY_USER, REGISTRY_PASSWORD   log in first (else the logins you have: docker's
 #                       config.json for the image, helm's registry config for the chart)
@@ -35,13 +35,15 @@ die() {
 }
 
 registry="${REGISTRY:-}"
-[[ -n "$registry" ]] || die "usage: make release REGISTRY=host:port"
-[[ "$registry" != */* ]] || die "REGISTRY is host:port; the image goes to REGISTRY/$name, the chart to oci://REGISTRY/charts"
+[[ -n "$registry" ]] || die "usage: make release REGISTRY=host:port[/path]"
+registry="${registry%/}"
+# Logins and TLS are the host's; a path (harbor.example/team) only prefixes the names.
+host="${registry%%/*}"
 crane_flags=() helm_flags=()
 if [[ "${PLAIN_HTTP:-}" == 1 ]]; then
-	case "${registry%:*}" in
+	case "${host%:*}" in
 	localhost | 127.* | "[::1]") ;;
-	*) die "PLAIN_HTTP=1 is for a registry on a loopback address, not $registry" ;;
+	*) die "PLAIN_HTTP=1 is for a registry on a loopback address, not $host" ;;
 	esac
 	crane_flags+=(--insecure)
 	helm_flags+=(--plain-http)
@@ -53,9 +55,9 @@ fi
 
 "$repo/hack/tools/build.sh" >/dev/null
 if [[ -n "${REGISTRY_USER:-}" ]]; then
-	"$tools/crane" auth login "$registry" -u "$REGISTRY_USER" --password-stdin \
+	"$tools/crane" auth login "$host" -u "$REGISTRY_USER" --password-stdin \
 		"${crane_flags[@]}" <<<"${REGISTRY_PASSWORD:?REGISTRY_PASSWORD with REGISTRY_USER}" >/dev/null
-	"$tools/helm" registry login "$registry" -u "$REGISTRY_USER" --password-stdin \
+	"$tools/helm" registry login "$host" -u "$REGISTRY_USER" --password-stdin \
 		"${helm_flags[@]}" <<<"$REGISTRY_PASSWORD" >/dev/null
 fi
 

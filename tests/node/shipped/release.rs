@@ -26,9 +26,13 @@ pub const PREVIOUS_VERSION: &str = "0.1.0";
 const NAMESPACE: &str = "cds-secret-guard";
 const PULL_SECRET: &str = "registry-credentials";
 
-/// The node's registry, as `cluster.sh registry` gives it.
+/// The node's registry, as `cluster.sh registry` gives it, released to under a path
+/// (`host:port/team`), as a team's project in a shared registry is.
 pub struct Registry {
+    /// `host:port/team`.
     pub address: String,
+    /// `host:port`: what logins and pull secrets name.
+    pub host: String,
     pub ca: PathBuf,
     pub user: String,
     pub password: String,
@@ -49,7 +53,8 @@ impl Registry {
                 .unwrap_or_else(|| panic!("cluster.sh registry: no {key}"))
         };
         Self {
-            address: var("REGISTRY"),
+            address: format!("{}/team", var("REGISTRY")),
+            host: var("REGISTRY"),
             ca: var("REGISTRY_CA").into(),
             user: var("REGISTRY_USER"),
             password: var("REGISTRY_PASSWORD"),
@@ -167,21 +172,24 @@ fn namespace_with_pull_secret(registry: &Registry) {
         "secret",
         "docker-registry",
         PULL_SECRET,
-        &format!("--docker-server={}", registry.address),
+        &format!("--docker-server={}", registry.host),
         &format!("--docker-username={}", registry.user),
         &format!("--docker-password={}", registry.password),
     ]));
 }
 
 /// `helm install` or `upgrade` from the registry as docs/install.md says, with the pull
-/// secret; its output.
+/// secret in the values file `my-values.yaml`; its output.
 fn from_the_registry(registry: &Registry, verb: &str, version: &str, values: &[&str], timeout: &str) -> Output {
+    let my_values = std::env::temp_dir().join(format!("my-values-{}.yaml", std::process::id()));
+    std::fs::write(&my_values, format!("imagePullSecrets:\n  - name: {PULL_SECRET}\n")).unwrap();
     let mut command = helm();
     command
         .args([verb, "cds-secret-guard", &registry.chart(), "--version", version])
         .arg("--ca-file")
         .arg(&registry.ca)
-        .args(["--set", &format!("imagePullSecrets[0].name={PULL_SECRET}")])
+        .arg("-f")
+        .arg(&my_values)
         .args(["--rollback-on-failure", "--wait", "--timeout", timeout]);
     for value in values {
         command.args(["--set", value]);
