@@ -16,6 +16,9 @@ use tokio_rustls::TlsConnector;
 
 use crate::certs::renewal::{plan::Cert, state::Webhooks};
 
+/// How long one call may take, reads included: the webhooks' longest timeout.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where the guard is called, and for how long `wait` tries.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -45,7 +48,11 @@ pub async fn until_callable(client: &Client, target: &Target) -> crate::Result<D
     let mut in_a_row = 0;
     let mut last = String::new();
     loop {
-        match call(client, target).await {
+        // A cluster IP that drops packets would hold a connect for minutes.
+        let called = tokio::time::timeout(CALL_TIMEOUT, call(client, target))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {CALL_TIMEOUT:?}")));
+        match called {
             Ok(()) => in_a_row += 1,
             Err(error) => {
                 // A command's progress, on stderr: each new failure once.
@@ -147,9 +154,9 @@ async fn review(target: &Target, address: &str, bundle: &[Cert]) -> Result<(), S
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
         .map_err(|error| error.to_string())?;
-    let response = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
+    let response = sender
+        .send_request(request)
         .await
-        .map_err(|_| "no answer within 5s".to_owned())?
         .map_err(|error| format!("HTTP: {error}"))?;
     let status = response.status();
     let answer = response
