@@ -71,7 +71,6 @@ async fn main() -> anyhow::Result<ExitCode> {
                 .context("no Kubernetes client")?;
             let namespace = args.namespace.unwrap_or_else(|| client.default_namespace().to_owned());
             let target = wait::Target {
-                host: format!("{}.{namespace}.svc", args.service),
                 service: args.service,
                 namespace,
                 port: args.port,
@@ -82,7 +81,9 @@ async fn main() -> anyhow::Result<ExitCode> {
             let took = wait::until_callable(&client, &target).await?;
             println!(
                 "the guard answered {} calls in a row at https://{}:{} after {took:.1?}",
-                target.answers, target.host, target.port
+                target.answers,
+                target.host(),
+                target.port
             );
         }
         Command::Check(args) => {

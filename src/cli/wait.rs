@@ -26,9 +26,6 @@ pub struct Target {
     pub service: String,
     /// Its namespace.
     pub namespace: String,
-    /// The name its certificate must hold, as the apiserver checks it:
-    /// `<service>.<namespace>.svc`.
-    pub host: String,
     /// The Service's port.
     pub port: u16,
     /// The name of the webhook configurations whose caBundles must trust the guard.
@@ -37,6 +34,14 @@ pub struct Target {
     pub answers: u32,
     /// How long to try.
     pub timeout: Duration,
+}
+
+impl Target {
+    /// The name the guard's certificate must hold, as the apiserver checks it:
+    /// `<service>.<namespace>.svc`.
+    pub fn host(&self) -> String {
+        format!("{}.{}.svc", self.service, self.namespace)
+    }
 }
 
 /// Calls the guard through its Service, with the trust of every webhook's caBundle, until
@@ -68,7 +73,7 @@ pub async fn until_callable(client: &Client, target: &Target) -> crate::Result<D
         }
         if Instant::now() >= deadline {
             return Err(crate::Error::NotCallable {
-                url: format!("https://{}:{}", target.host, target.port),
+                url: format!("https://{}:{}", target.host(), target.port),
                 within: target.timeout,
                 last,
             });
@@ -122,7 +127,8 @@ async fn review(target: &Target, address: &str, bundle: &[Cert]) -> Result<(), S
     let tls = ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let name = ServerName::try_from(target.host.clone()).map_err(|error| format!("{}: {error}", target.host))?;
+    let host = target.host();
+    let name = ServerName::try_from(host.clone()).map_err(|error| format!("{host}: {error}"))?;
     let tcp = TcpStream::connect((address, target.port))
         .await
         .map_err(|error| format!("cannot connect: {error}"))?;
@@ -150,7 +156,7 @@ async fn review(target: &Target, address: &str, bundle: &[Cert]) -> Result<(), S
         },
     });
     let request = hyper::Request::post("/validate?timeout=5s")
-        .header("host", &target.host)
+        .header("host", &host)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
         .map_err(|error| error.to_string())?;
