@@ -52,9 +52,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::Webhooks(args) => print!("{}", webhooks::render(&args)?),
         Command::ReleaseFinalizers(args) => {
-            let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())
-                .await
-                .context("no Kubernetes client")?;
+            let client = args.cluster.client().await.context("no Kubernetes client")?;
             let released = finalizer::release_all(&client, &args.namespaces).await?;
             for object in &released.objects {
                 println!("released {object}");
@@ -66,9 +64,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             println!("{count} released from {}", cds_secret_guard::rules::in_use::FINALIZER);
         }
         Command::Wait(args) => {
-            let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())
-                .await
-                .context("no Kubernetes client")?;
+            let client = args.cluster.client().await.context("no Kubernetes client")?;
             let namespace = args.namespace.unwrap_or_else(|| client.default_namespace().to_owned());
             let target = wait::Target {
                 service: args.service,
@@ -87,9 +83,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             );
         }
         Command::Check(args) => {
-            let client = check::client(args.kubeconfig.as_deref(), args.context.as_deref())
-                .await
-                .context("no Kubernetes client")?;
+            let client = args.cluster.client().await.context("no Kubernetes client")?;
             let namespace = match (&args.namespace, args.all_namespaces) {
                 (_, true) => None,
                 (Some(namespace), false) => Some(namespace.clone()),

@@ -83,26 +83,6 @@ pub struct Report {
     pub verdict: Verdict,
 }
 
-/// A client as kubectl would make it: from `kubeconfig` (else `KUBECONFIG`, else
-/// `~/.kube/config`, else in-cluster), in `context` (else the current one).
-pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<&str>) -> Result<Client> {
-    let options = kube::config::KubeConfigOptions {
-        context: context.map(str::to_owned),
-        ..Default::default()
-    };
-    let config = match kubeconfig {
-        Some(path) => {
-            let file =
-                kube::config::Kubeconfig::read_from(path).map_err(|e| crate::Error::KubeConfig(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(file, &options).await
-        }
-        None if context.is_some() => kube::Config::from_kubeconfig(&options).await,
-        None => return Client::try_default().await.map_err(crate::Error::Kube),
-    }
-    .map_err(|e| crate::Error::KubeConfig(e.to_string()))?;
-    Client::try_from(config).map_err(crate::Error::Kube)
-}
-
 /// Checks the protected secrets of one namespace, or of all when `namespace` is `None`.
 /// The worker's pods are found by the same quorum reads and judged live by the same
 /// rule as the policy's rule 5.

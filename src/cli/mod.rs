@@ -265,6 +265,19 @@ pub struct LeaseArgs {
     pub retry_period: Duration,
 }
 
+/// Which cluster a command talks to, as kubectl picks it.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`, then
+    /// in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
 /// Flags of `check`.
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("scope").args(["namespace", "all_namespaces"]))]
@@ -281,13 +294,9 @@ pub struct CheckArgs {
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 
-    /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// The kubeconfig context to use (default: its current context).
-    #[arg(long)]
-    pub context: Option<String>,
+    /// The cluster to talk to.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 
     /// Which secrets are protected, as given to `serve`.
     #[command(flatten)]
@@ -301,14 +310,9 @@ pub struct ReleaseArgs {
     #[arg(long = "namespace", short = 'n', env = "CDS_GUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
 
-    /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`, then
-    /// in-cluster).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// The kubeconfig context to use (default: its current context).
-    #[arg(long)]
-    pub context: Option<String>,
+    /// The cluster to talk to.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// Flags of `wait`.
@@ -338,14 +342,9 @@ pub struct WaitArgs {
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 
-    /// Path to the kubeconfig file (default: `KUBECONFIG`, then `~/.kube/config`, then
-    /// in-cluster).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// The kubeconfig context to use (default: its current context).
-    #[arg(long)]
-    pub context: Option<String>,
+    /// The cluster to talk to.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// How `check` prints its report.
@@ -436,6 +435,30 @@ impl Cli {
         };
         let matches = command.get_matches();
         Self::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    }
+}
+
+// === impl ClusterArgs ===
+
+impl ClusterArgs {
+    /// A client as kubectl would make it: from `--kubeconfig` (else `KUBECONFIG`, else
+    /// `~/.kube/config`, else in-cluster), in `--context` (else the current one).
+    pub async fn client(&self) -> crate::Result<kube::Client> {
+        let options = kube::config::KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let file =
+                    kube::config::Kubeconfig::read_from(path).map_err(|e| crate::Error::KubeConfig(e.to_string()))?;
+                kube::Config::from_custom_kubeconfig(file, &options).await
+            }
+            None if self.context.is_some() => kube::Config::from_kubeconfig(&options).await,
+            None => return kube::Client::try_default().await.map_err(crate::Error::Kube),
+        }
+        .map_err(|e| crate::Error::KubeConfig(e.to_string()))?;
+        kube::Client::try_from(config).map_err(crate::Error::Kube)
     }
 }
 
