@@ -235,11 +235,7 @@ impl Renewer {
                 let not_after = now + self.timing.ca_validity;
                 let ca = pki::new_ca(&self.settings.webhook_configuration, now, not_after)?;
                 tracing::info!(signing, kept = keep.len(), "new CA");
-                for cert in keep.into_iter().chain([pki::first_cert(&ca.cert)?]) {
-                    if !state.bundle.contains(&cert) {
-                        state.bundle.push(cert);
-                    }
-                }
+                plan::add_to_bundle(&mut state.bundle, keep.into_iter().chain([pki::first_cert(&ca.cert)?]));
                 if signing {
                     state.signing = Some(ca);
                 } else {

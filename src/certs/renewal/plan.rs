@@ -16,6 +16,15 @@ pub struct Cert {
     pub not_after: i64,
 }
 
+/// Adds to `bundle` each of `certs` it does not hold yet, in order.
+pub fn add_to_bundle(bundle: &mut Vec<Cert>, certs: impl IntoIterator<Item = Cert>) {
+    for cert in certs {
+        if !bundle.contains(&cert) {
+            bundle.push(cert);
+        }
+    }
+}
+
 /// The serving certificate in the state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leaf {

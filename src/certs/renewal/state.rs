@@ -14,7 +14,7 @@ use kube::{
 
 use super::{
     pki::{self, KeyPem},
-    plan::Cert,
+    plan::{self, Cert},
 };
 use crate::Result;
 
@@ -84,13 +84,8 @@ impl State {
             leaf: pair(LEAF),
         };
         // The bundle always holds the CAs the state keeps.
-        for ca in [&state.signing, &state.next].into_iter().flatten() {
-            if let Ok(cert) = pki::first_cert(&ca.cert)
-                && !state.bundle.contains(&cert)
-            {
-                state.bundle.push(cert);
-            }
-        }
+        let kept = [&state.signing, &state.next].into_iter().flatten();
+        plan::add_to_bundle(&mut state.bundle, kept.filter_map(|ca| pki::first_cert(&ca.cert).ok()));
         state
     }
 

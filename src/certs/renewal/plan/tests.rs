@@ -268,11 +268,7 @@ impl World {
         match step {
             Step::NewCa { signing, keep } => {
                 let ca = self.new_ca();
-                for cert in keep.into_iter().chain([ca.clone()]) {
-                    if !self.bundle.contains(&cert) {
-                        self.bundle.push(cert);
-                    }
-                }
+                add_to_bundle(&mut self.bundle, keep.into_iter().chain([ca.clone()]));
                 if signing {
                     self.signing = Some(ca);
                 } else {
