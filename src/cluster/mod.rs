@@ -4,6 +4,7 @@
 
 pub mod gate;
 pub mod lease;
+mod metadata;
 pub mod namespaces;
 pub mod references;
 mod retries;
@@ -11,6 +12,7 @@ pub mod revision;
 mod scope;
 mod text;
 
+pub use metadata::metadata_store;
 pub use retries::Retries;
 pub use scope::{api_in, scopes};
 pub use text::Text;

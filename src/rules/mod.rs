@@ -121,6 +121,20 @@ pub trait Decision {
     fn annotate(&self, annotations: &mut Vec<(&'static str, String)>);
 }
 
+/// A rule set's decision on one delete: what every decision says, with what its rules
+/// found (`F`) for the audit line and the annotations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict<R, F> {
+    /// Whether the delete may proceed.
+    pub allowed: bool,
+    /// The rule that decided.
+    pub reason: R,
+    /// What a `kubectl delete` user is told.
+    pub message: String,
+    /// What the rules found.
+    pub found: F,
+}
+
 /// What every decision says, whichever rule set made it.
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome<'a> {

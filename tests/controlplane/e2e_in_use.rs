@@ -158,7 +158,7 @@ async fn a_deployments_pods_keep_what_they_name_until_the_deployment_is_deleted(
     let pods = pods_of(&ns, "web", 2).await;
 
     let verdict = decide(&ns, Kind::ConfigMap, "settings").await;
-    assert_eq!((verdict.reason, &verdict.pods), (Reason::InUse, &names(&pods)));
+    assert_eq!((verdict.reason, &verdict.found.pods), (Reason::InUse, &names(&pods)));
     assert!(!verdict.allowed);
     assert_eq!(decide(&ns, Kind::Secret, "token").await.reason, Reason::InUse);
     assert_eq!(
@@ -218,7 +218,7 @@ async fn an_orphaning_delete_leaves_the_pods_using_it() {
     deployments.delete("kept", &DeleteParams::orphan()).await.unwrap();
     let verdict = decide(&ns, Kind::ConfigMap, "settings").await;
     assert_eq!(
-        (verdict.reason, &verdict.pods),
+        (verdict.reason, &verdict.found.pods),
         (Reason::InUse, &names(&pods)),
         "while orphaning"
     );
@@ -228,7 +228,7 @@ async fn an_orphaning_delete_leaves_the_pods_using_it() {
     .await;
     let verdict = decide(&ns, Kind::ConfigMap, "settings").await;
     assert_eq!(
-        (verdict.reason, &verdict.pods),
+        (verdict.reason, &verdict.found.pods),
         (Reason::InUse, &names(&pods)),
         "orphaned"
     );
@@ -261,7 +261,7 @@ async fn a_held_replica_set_keeps_its_pods_using_it_until_released() {
     })
     .await;
     let verdict = decide(&ns, Kind::ConfigMap, "settings").await;
-    assert_eq!((verdict.reason, &verdict.pods), (Reason::InUse, &names(&pods)));
+    assert_eq!((verdict.reason, &verdict.found.pods), (Reason::InUse, &names(&pods)));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pod = ns.pods().get(pods[0].metadata.name.as_ref().unwrap()).await.unwrap();
     assert!(
@@ -366,7 +366,7 @@ async fn the_pod_index_answers_for_the_list_and_misses_no_pod_created_a_moment_b
             .unwrap();
         let verdict = in_use::decide(&delete(config_map), &lookup).await;
         assert_eq!(verdict.reason, Reason::InUse, "{config_map}: {verdict:?}");
-        assert_eq!(verdict.pods, [format!("reader-{i}")]);
+        assert_eq!(verdict.found.pods, [format!("reader-{i}")]);
     }
 
     // What no pod reads: allowed, from the index caught up with the revision (or, when

@@ -642,7 +642,7 @@ fn check(case: &Case) -> std::result::Result<Reason, TestCaseError> {
         prop_assert_eq!(pod_reads(), 0);
         return Ok(reason);
     };
-    prop_assert_eq!(verdict.worker.as_deref(), Some(worker.as_str()));
+    prop_assert_eq!(verdict.found.worker.as_deref(), Some(worker.as_str()));
     if case.exempt() {
         prop_assert_eq!(reason, Reason::Exempt);
         prop_assert_eq!(pod_reads(), 0);

@@ -41,10 +41,10 @@ use kube::{
     Api, Client, Resource,
     core::PartialObjectMeta,
     runtime::{
-        Controller, WatchStreamExt,
+        Controller,
         controller::Action,
-        reflector::{self, ObjectRef, Store},
-        watcher::{self, watcher},
+        reflector::{ObjectRef, Store},
+        watcher,
     },
 };
 use serde::de::DeserializeOwned;
@@ -228,19 +228,8 @@ impl Holder {
         ended: CancellationToken,
     ) {
         let api: Api<PartialObjectMeta<K>> = cluster::api_in(self.client.clone(), scope.as_deref());
-        let (objects, writer) = reflector::store();
-        let events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            // The metadata the rules read: annotations may hold a copy of the data
-            // (kubectl's last-applied-configuration), only the force annotation is kept.
-            .modify(|object| {
-                object.metadata.managed_fields = None;
-                if let Some(annotations) = object.metadata.annotations.as_mut() {
-                    annotations.retain(|key, _| key == FORCE_ANNOTATION);
-                }
-            })
-            .reflect(writer)
-            .applied_objects();
+        // The metadata the rules read: the force annotation alone of the annotations.
+        let (objects, events) = cluster::metadata_store(api, watcher::Config::default(), &[FORCE_ANNOTATION]);
         // A namespace's labels may opt its objects in or out: they are looked at again once
         // the cache the reconciles read shows the change.
         let in_namespace = objects.clone();
@@ -408,7 +397,7 @@ impl<K: Protected> Target<'_, K> {
             return Err(Error::Conflict(verdict.message));
         }
         if !verdict.allowed {
-            tracing::debug!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, pods = %verdict.pods.join(","), "deferred delete waits for its pods");
+            tracing::debug!(%namespace, kind = K::RULES_KIND.as_str(), object = %name, pods = %verdict.found.pods.join(","), "deferred delete waits for its pods");
             holder.tell_of_pods_created_since(K::RULES_KIND, meta);
             return Ok(Action::requeue(RECHECK));
         }

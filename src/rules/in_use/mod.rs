@@ -195,14 +195,11 @@ reasons! {
 }
 
 /// The outcome of the rules for one delete.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    /// Whether the delete may proceed.
-    pub allowed: bool,
-    /// The rule that decided.
-    pub reason: Reason,
-    /// What a `kubectl delete` user is told.
-    pub message: String,
+pub type Verdict = crate::rules::Verdict<Reason, Found>;
+
+/// What the rules found, for the audit line and the annotations.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Found {
     /// The pods found to keep the object (the first few by name), when some do.
     pub pods: Vec<String>,
 }
@@ -261,10 +258,7 @@ pub async fn may_release(object: &ObjectDelete<'_>, lookup: &dyn InUseLookup) ->
                 more_pods(more),
                 object.namespace
             );
-            Verdict {
-                pods,
-                ..Verdict::deny(Reason::InUse, message)
-            }
+            Verdict::deny(Reason::InUse, message).naming(pods)
         }
         Err(error) => Verdict::deny(
             Reason::LookupFailed,
@@ -367,10 +361,7 @@ fn deferred(request: &ObjectDelete<'_>, lookup: &dyn InUseLookup) -> Verdict {
             request.namespace
         )
     };
-    Verdict {
-        pods,
-        ..Verdict::allow(Reason::Deferred, message)
-    }
+    Verdict::allow(Reason::Deferred, message).naming(pods)
 }
 
 fn in_use(request: &ObjectDelete<'_>, staying: Staying) -> Verdict {
@@ -388,10 +379,7 @@ fn in_use(request: &ObjectDelete<'_>, staying: Staying) -> Verdict {
          first, or annotate it {FORCE_ANNOTATION}=<why> to force the delete",
         request.namespace
     );
-    Verdict {
-        pods: staying.names,
-        ..Verdict::deny(Reason::InUse, message)
-    }
+    Verdict::deny(Reason::InUse, message).naming(staying.names)
 }
 
 /// " (and N more pods name it)", or nothing.
@@ -471,21 +459,27 @@ impl Mode {
 
 impl Verdict {
     pub(crate) fn allow(reason: Reason, message: String) -> Self {
-        Self {
-            allowed: true,
-            reason,
-            message,
-            pods: Vec::new(),
-        }
+        Self::new(true, reason, message)
     }
 
     pub(crate) fn deny(reason: Reason, message: String) -> Self {
+        Self::new(false, reason, message)
+    }
+
+    fn new(allowed: bool, reason: Reason, message: String) -> Self {
+        let found = Found::default();
         Self {
-            allowed: false,
+            allowed,
             reason,
             message,
-            pods: Vec::new(),
+            found,
         }
+    }
+
+    /// The same decision, naming the pods that keep the object.
+    fn naming(mut self, pods: Vec<String>) -> Self {
+        self.found.pods = pods;
+        self
     }
 }
 
@@ -515,14 +509,14 @@ impl crate::rules::Decision for Verdict {
             rules: Some(IN_USE_RULES),
             kind: Some(kind),
             object: Some(name),
-            pods: Some(self.pods.join(",")),
+            pods: Some(self.found.pods.join(",")),
             ..crate::rules::AuditFields::default()
         }
     }
 
     fn annotate(&self, annotations: &mut Vec<(&'static str, String)>) {
-        if !self.pods.is_empty() {
-            annotations.push(("pods", self.pods.join(",")));
+        if !self.found.pods.is_empty() {
+            annotations.push(("pods", self.found.pods.join(",")));
         }
     }
 }

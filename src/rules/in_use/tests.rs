@@ -128,7 +128,7 @@ async fn a_pod_that_uses_it_denies_naming_the_pod() {
     let verdict = delete(&Fake::default().using(pod("web", &[]))).await;
     assert!(!verdict.allowed);
     assert_eq!(verdict.reason, Reason::InUse);
-    assert_eq!(verdict.pods, ["web"]);
+    assert_eq!(verdict.found.pods, ["web"]);
     assert!(
         verdict
             .message
@@ -145,7 +145,7 @@ async fn a_denial_names_three_pods_and_counts_the_rest() {
         .into_iter()
         .fold(Fake::default(), |fake, name| fake.using(pod(name, &[])));
     let verdict = delete(&lookup).await;
-    assert_eq!(verdict.pods, ["a", "b", "c"]);
+    assert_eq!(verdict.found.pods, ["a", "b", "c"]);
     assert!(
         verdict
             .message
@@ -364,7 +364,10 @@ async fn a_watched_user_denies_without_the_list_and_never_allows() {
         ..Fake::default()
     };
     let verdict = delete(&lookup).await;
-    assert_eq!((verdict.reason, verdict.pods), (Reason::InUse, vec!["seen".to_owned()]));
+    assert_eq!(
+        (verdict.reason, verdict.found.pods),
+        (Reason::InUse, vec!["seen".to_owned()])
+    );
     assert_eq!(lookup.lists.load(Ordering::Relaxed), 0);
     // A watched pod on its way out proves nothing: the LIST decides.
     let lookup = Fake {
@@ -376,7 +379,7 @@ async fn a_watched_user_denies_without_the_list_and_never_allows() {
     };
     let verdict = delete(&lookup).await;
     assert_eq!(
-        (verdict.reason, verdict.pods),
+        (verdict.reason, verdict.found.pods),
         (Reason::InUse, vec!["listed".to_owned()])
     );
     assert_eq!(lookup.lists.load(Ordering::Relaxed), 1);
@@ -419,7 +422,7 @@ async fn in_defer_a_held_object_goes_through_unread_naming_the_pods_the_watch_sh
     let verdict = delete_in(&lookup, Mode::Defer, true).await;
     assert!(verdict.allowed, "{verdict:?}");
     assert_eq!(verdict.reason, Reason::Deferred);
-    assert_eq!(verdict.pods, ["web-a", "web-b"]);
+    assert_eq!(verdict.found.pods, ["web-a", "web-b"]);
     assert_eq!(
         verdict.message,
         "configmap settings is in use by pod web-a, web-b in namespace app; it will be deleted once they are gone"
@@ -427,7 +430,7 @@ async fn in_defer_a_held_object_goes_through_unread_naming_the_pods_the_watch_sh
     assert_eq!(lookup.lists.load(Ordering::Relaxed), 0, "nothing was read");
 
     let unseen = delete_in(&Fake::default(), Mode::Defer, true).await;
-    assert_eq!((unseen.reason, unseen.pods.len()), (Reason::Deferred, 0));
+    assert_eq!((unseen.reason, unseen.found.pods.len()), (Reason::Deferred, 0));
     assert_eq!(
         unseen.message,
         "configmap settings will be deleted once no pod of namespace app uses it"

@@ -93,14 +93,11 @@ reasons! {
 }
 
 /// The outcome of the rules for one delete.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    /// Whether the delete may proceed.
-    pub allowed: bool,
-    /// The rule that decided.
-    pub reason: Reason,
-    /// What a `kubectl delete` user is told.
-    pub message: String,
+pub type Verdict = rules::Verdict<Reason, Found>;
+
+/// What the rules found of a secret, for the audit line and the annotations.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Found {
     /// The worker the secret belongs to, when it is protected.
     pub worker: Option<String>,
     /// The pod that protects the secret, if one does.
@@ -176,7 +173,12 @@ pub async fn decide(
     match lookup.namespace_terminating(namespace).await {
         Ok(true) => {
             let message = format!("namespace {namespace} is being deleted");
-            Verdict::allow(Reason::NamespaceTerminating, verdict.worker, verdict.age, message)
+            Verdict::allow(
+                Reason::NamespaceTerminating,
+                verdict.found.worker,
+                verdict.found.age,
+                message,
+            )
         }
         Ok(false) | Err(_) => verdict,
     }
@@ -331,10 +333,9 @@ fn pod_live(name: &str, worker: String, age: Duration, pod: &PodState) -> Verdic
         "pod {} (uid {}, {phase}) still uses secret {name}; delete the pod and the secret goes with it",
         pod.name, pod.uid
     );
-    Verdict {
-        pod: Some(pod.clone()),
-        ..Verdict::deny(Reason::PodLive, Some(worker), Some(age), message)
-    }
+    let mut verdict = Verdict::deny(Reason::PodLive, Some(worker), Some(age), message);
+    verdict.found.pod = Some(pod.clone());
+    verdict
 }
 
 fn lookup_failed(name: &str, worker: String, age: Duration, error: &crate::Error) -> Verdict {
@@ -482,19 +483,18 @@ impl Verdict {
     }
 
     fn new(allowed: bool, reason: Reason, worker: Option<String>, age: Option<Duration>, message: String) -> Self {
+        let found = Found { worker, pod: None, age };
         Self {
             allowed,
             reason,
             message,
-            worker,
-            pod: None,
-            age,
+            found,
         }
     }
 
     /// Whether the secret is a worker secret (every decision on one is audited).
     pub fn is_protected(&self) -> bool {
-        self.worker.is_some()
+        self.found.worker.is_some()
     }
 }
 
@@ -517,21 +517,21 @@ impl rules::Decision for Verdict {
     fn audit_fields<'a>(&'a self, _kind: &'static str, name: &'a str) -> rules::AuditFields<'a> {
         rules::AuditFields {
             secret: Some(name),
-            worker: self.worker.as_deref(),
-            pod: self.pod.as_ref().map(|pod| (pod.name.as_str(), pod.uid.as_str())),
-            secret_age_seconds: self.age.map(|age| age.as_secs()),
+            worker: self.found.worker.as_deref(),
+            pod: self.found.pod.as_ref().map(|pod| (pod.name.as_str(), pod.uid.as_str())),
+            secret_age_seconds: self.found.age.map(|age| age.as_secs()),
             ..rules::AuditFields::default()
         }
     }
 
     fn annotate(&self, annotations: &mut Vec<(&'static str, String)>) {
-        if let Some(worker) = &self.worker {
+        if let Some(worker) = &self.found.worker {
             annotations.push(("worker", worker.clone()));
         }
-        if let Some(pod) = &self.pod {
+        if let Some(pod) = &self.found.pod {
             annotations.push(("pod", format!("{} ({})", pod.name, pod.uid)));
         }
-        if let Some(age) = self.age {
+        if let Some(age) = self.found.age {
             annotations.push(("secret-age", format!("{}s", age.as_secs())));
         }
     }

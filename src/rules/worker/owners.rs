@@ -50,7 +50,7 @@ use kube::{
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
-        reflector::{self, ObjectRef, Store},
+        reflector::{ObjectRef, Store},
         watcher::{self, watcher},
     },
 };
@@ -248,16 +248,8 @@ impl Reconciler {
         ended: CancellationToken,
     ) {
         let labelled = watcher::Config::default().labels(&self.policy.worker_label);
-        let (secrets, secret_writer) = reflector::store();
-        let secret_events = watcher(self.api::<PartialObjectMeta<Secret>>(namespace), labelled)
-            .default_backoff()
-            // Annotations may hold a copy of the data (kubectl's last-applied-configuration).
-            .modify(|secret| {
-                secret.metadata.managed_fields = None;
-                secret.metadata.annotations = None;
-            })
-            .reflect(secret_writer)
-            .applied_objects();
+        let (secrets, secret_events) =
+            cluster::metadata_store(self.api::<PartialObjectMeta<Secret>>(namespace), labelled, &[]);
         // The pass over the store waits for the pod watch's first list: until then the
         // store is empty, and the pods listed before this term began were not forwarded.
         // A relist after that keeps the old store until it ends: a pod first seen in a

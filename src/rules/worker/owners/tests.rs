@@ -1,5 +1,6 @@
 use super::*;
 use crate::fixtures::{policy, worker_pod};
+use kube::runtime::reflector;
 use rstest::rstest;
 
 fn secret(name: &str, worker_label: Option<&str>) -> ObjectMeta {
