@@ -9,7 +9,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::cluster::{self as harness, TestNamespace, kubectl};
+use crate::cluster::{self, TestNamespace, kubectl};
 
 /// The guard's version: the image's tag and the chart's appVersion.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -63,7 +63,7 @@ pub fn node() {
         for tag in [VERSION, "dev"] {
             run(Command::new(&cluster).args(["image-load", &format!("{IMAGE}:{tag}")]));
         }
-        harness::control_plane();
+        cluster::control_plane();
         clear_e2e_leftovers();
     });
 }
@@ -125,7 +125,7 @@ impl Release {
     fn helm(&self) -> Command {
         let mut command = Command::new(repo().join("target/tools/bin/helm"));
         command
-            .env("KUBECONFIG", harness::control_plane())
+            .env("KUBECONFIG", cluster::control_plane())
             .args(["-n", self.namespace]);
         command
     }
@@ -304,7 +304,7 @@ pub struct Kustomized {
 
 impl Kustomized {
     pub fn install(tag: &str) -> Self {
-        run(Command::new(harness::guard_binary())
+        run(Command::new(cluster::guard_binary())
             .args(["certs", "--out"])
             .arg(repo().join("manifests/overlays/tls-secret/certs"))
             .args(["--host", "cds-secret-guard.cds-secret-guard.svc"]));

@@ -6,7 +6,7 @@
 //! the chart's rights for it, as `kubectl` users meet it.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::{
     sync::{Arc, Mutex, Weak},
@@ -19,7 +19,7 @@ use cds_secret_guard::{
     observe::metrics::Metrics,
     rules::in_use::{self, InUseLookup, KubeInUse, ObjectDelete, Reason, Verdict},
 };
-use harness::*;
+use cluster::*;
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
     core::v1::{ConfigMap, Pod},

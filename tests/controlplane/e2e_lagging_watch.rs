@@ -17,7 +17,7 @@
 //! (the guard then fails closed, and its denials name no pod) fails the test.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::{
     fs,
@@ -26,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use harness::*;
+use cluster::*;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
 

@@ -2,11 +2,11 @@
 //! and nothing is lost; once it is back, deletes are decided again.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::time::Duration;
 
-use harness::*;
+use cluster::*;
 use kube::api::DeleteParams;
 
 /// These tests stop guards on purpose: one at a time, so that no other guard covers for

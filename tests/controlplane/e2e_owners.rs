@@ -3,11 +3,11 @@
 //! collector deletes the secret when the pod goes.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::{process::Command, time::Duration, time::Instant};
 
-use harness::*;
+use cluster::*;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
 

@@ -6,7 +6,7 @@
 //! chart, and those rights reach no other secret or webhook configuration.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::{
     collections::BTreeSet,
@@ -20,7 +20,7 @@ use std::{
 };
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
-use harness::*;
+use cluster::*;
 use kube::api::DeleteParams;
 use serde_json::Value;
 

@@ -14,7 +14,7 @@
 //! Nothing here skips: without the control plane, the tests fail.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -22,8 +22,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use cluster::*;
 use futures::StreamExt;
-use harness::*;
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::{
     Api,

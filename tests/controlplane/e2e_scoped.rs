@@ -4,11 +4,11 @@
 //! other namespaces never reach it.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::time::Duration;
 
-use harness::*;
+use cluster::*;
 use kube::api::DeleteParams;
 
 const WITHIN: Duration = Duration::from_secs(10);

@@ -5,14 +5,14 @@
 //! for no secret it does not protect.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::{
     collections::BTreeSet,
     time::{Duration, Instant},
 };
 
-use harness::*;
+use cluster::*;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::{
     Api,

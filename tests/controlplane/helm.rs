@@ -9,7 +9,7 @@
 //! from `hack/controlplane/cluster.sh`; when either is missing the tests fail, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 use testkit::fake as common;
 
 use std::{
@@ -210,7 +210,7 @@ fn env_value<'a>(env: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 /// `kubectl kustomize manifests/overlays/OVERLAY` (kubectl of the control plane).
 fn kustomize(overlay: &str) -> Vec<Value> {
-    let output = run(harness::kubectl().args(["kustomize", &format!("manifests/overlays/{overlay}")]));
+    let output = run(cluster::kubectl().args(["kustomize", &format!("manifests/overlays/{overlay}")]));
     documents(&String::from_utf8(output.stdout).unwrap())
 }
 
@@ -1152,7 +1152,7 @@ impl Release {
     fn helm(&self) -> Command {
         let mut command = helm();
         command
-            .env("KUBECONFIG", harness::control_plane())
+            .env("KUBECONFIG", cluster::control_plane())
             .args(["-n", self.namespace]);
         command
     }
@@ -1199,12 +1199,12 @@ impl Drop for Release {
 }
 
 fn kubectl_json(args: &[&str]) -> Value {
-    let output = run(harness::kubectl().args(args).args(["-o", "json"]));
+    let output = run(cluster::kubectl().args(args).args(["-o", "json"]));
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
 fn exists(args: &[&str]) -> bool {
-    let output = run(harness::kubectl().args(args).args(["--ignore-not-found", "-o", "name"]));
+    let output = run(cluster::kubectl().args(args).args(["--ignore-not-found", "-o", "name"]));
     !output.stdout.is_empty()
 }
 
@@ -1255,7 +1255,7 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
         ("watch", "pods", "yes"),
         ("delete", "secrets", "no"),
     ] {
-        let output = harness::kubectl()
+        let output = cluster::kubectl()
             .args(["auth", "can-i", verb, resource, "-n", "default", "--as", &sa])
             .output()
             .unwrap();
@@ -1275,7 +1275,7 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
         ("get", "another-lease", "no"),
         ("patch", "another-lease", "no"),
     ] {
-        let output = harness::kubectl()
+        let output = cluster::kubectl()
             .args(["auth", "can-i", verb, &format!("leases.coordination.k8s.io/{lease}")])
             .args(["-n", ns, "--as", &sa])
             .output()
@@ -1286,7 +1286,7 @@ fn chart_installs_upgrades_and_uninstalls_on_the_real_apiserver() {
             "{verb} lease {lease}"
         );
     }
-    let output = harness::kubectl()
+    let output = cluster::kubectl()
         .args([
             "auth",
             "can-i",
@@ -1347,10 +1347,10 @@ fn an_upgrade_keeps_what_the_guard_wrote_and_uninstall_removes_its_state() {
     let bundle = BASE64.encode("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
     for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
         let patch = json!([{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}]);
-        run(harness::kubectl().args(["patch", kind, name, "--type", "json", "-p", &patch.to_string()]));
+        run(cluster::kubectl().args(["patch", kind, name, "--type", "json", "-p", &patch.to_string()]));
     }
     let data = json!({"data": {"ca.crt": BASE64.encode("ca"), "tls.crt": BASE64.encode("leaf")}});
-    run(harness::kubectl().args(["-n", ns, "patch", "secret", &state, "-p", &data.to_string()]));
+    run(cluster::kubectl().args(["-n", ns, "patch", "secret", &state, "-p", &data.to_string()]));
 
     release.upgrade(&json!({"replicas": 3, "gracePeriod": "20m"}));
     for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
@@ -1378,7 +1378,7 @@ fn an_upgrade_keeps_what_the_guard_wrote_and_uninstall_removes_its_state() {
 #[test]
 fn namespaced_chart_installs_with_roles_only() {
     for namespace in ["helm-watched-a", "helm-watched-b", "helm-unwatched"] {
-        let _ = harness::kubectl()
+        let _ = cluster::kubectl()
             .args(["create", "namespace", namespace])
             .output()
             .unwrap();
@@ -1387,12 +1387,12 @@ fn namespaced_chart_installs_with_roles_only() {
     let (ns, name) = ("cds-secret-guard-helm-ns", "guard-helm-ns-cds-secret-guard");
     let dir = tempfile::tempdir().unwrap();
     certs::write(dir.path(), &[format!("{name}.{ns}.svc")]).unwrap();
-    let _ = harness::kubectl().args(["create", "namespace", ns]).output().unwrap();
-    let _ = harness::kubectl()
+    let _ = cluster::kubectl().args(["create", "namespace", ns]).output().unwrap();
+    let _ = cluster::kubectl()
         .args(["-n", ns, "delete", "secret", "my-guard-tls", "--ignore-not-found"])
         .output()
         .unwrap();
-    run(harness::kubectl()
+    run(cluster::kubectl()
         .args(["-n", ns, "create", "secret", "tls", "my-guard-tls", "--cert"])
         .arg(dir.path().join("tls.crt"))
         .arg("--key")
@@ -1425,7 +1425,7 @@ fn namespaced_chart_installs_with_roles_only() {
         (vec!["list", "secrets", "--all-namespaces"], "no"),
         (vec!["get", "namespace/helm-unwatched"], "no"),
     ] {
-        let output = harness::kubectl()
+        let output = cluster::kubectl()
             .args(["auth", "can-i"])
             .args(&args)
             .args(["--as", &sa])

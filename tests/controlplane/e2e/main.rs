@@ -2,12 +2,12 @@
 //! collector and namespace controller beside it), asserted as a client sees it.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 
 use std::time::Duration;
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
-use harness::*;
+use cluster::*;
 use kube::api::DeleteParams;
 
 async fn past_grace_period() {

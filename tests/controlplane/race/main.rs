@@ -2,11 +2,11 @@
 //! loses secrets of live workers; with it, none is lost and none is left behind.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as e2e;
-use testkit::race as harness;
+use testkit::cluster;
+use testkit::race;
 
-use e2e::{Guard, TestNamespace, client, unregister_webhooks};
-use harness::{Cleanup, Settings, TABLE_HEADER, row, run};
+use cluster::{Guard, TestNamespace, client, unregister_webhooks};
+use race::{Cleanup, Settings, TABLE_HEADER, row, run};
 
 #[tokio::test]
 async fn the_guard_stops_the_race() {

@@ -17,7 +17,7 @@ use std::{
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{TestNamespace, kubectl},
+    cluster::{TestNamespace, kubectl},
     install::{Release, VERSION, default_service_account, eventually, kubectl_json, run, stdout},
     seed::WORKER_IMAGE,
 };
@@ -36,7 +36,7 @@ fn repo() -> &'static Path {
 fn helm(namespace: &str) -> Command {
     let mut command = Command::new(repo().join("target/tools/bin/helm"));
     command
-        .env("KUBECONFIG", crate::harness::control_plane())
+        .env("KUBECONFIG", crate::cluster::control_plane())
         .args(["-n", namespace]);
     command
 }
@@ -486,7 +486,7 @@ async fn the_guard_scaled_to_0_leaves_a_delete_pending() {
     let listed = stdout(&run(Command::new("sh")
         .arg("-c")
         .arg(&what_waits)
-        .env("KUBECONFIG", crate::harness::control_plane())
+        .env("KUBECONFIG", crate::cluster::control_plane())
         .env("PATH", path_with_kubectl())));
     assert!(
         listed.contains(&secret),
@@ -544,7 +544,7 @@ async fn the_guard_scaled_to_0_leaves_a_delete_pending() {
     run(Command::new("bash")
         .arg("-c")
         .arg(&way_out)
-        .env("KUBECONFIG", crate::harness::control_plane())
+        .env("KUBECONFIG", crate::cluster::control_plane())
         .env("PATH", path_with_kubectl()));
     assert!(
         object(&ns.name, "configmap", &config_map).is_none(),
@@ -589,7 +589,7 @@ async fn the_guard_turned_off_or_uninstalled_holds_nothing(release: &Release) {
 
     let started = Instant::now();
     run(Command::new(repo().join("target/tools/bin/helm"))
-        .env("KUBECONFIG", crate::harness::control_plane())
+        .env("KUBECONFIG", crate::cluster::control_plane())
         .args([
             "-n",
             release.namespace,

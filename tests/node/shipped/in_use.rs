@@ -14,7 +14,7 @@ use std::{
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{TestNamespace, kubectl, kubectl_delete},
+    cluster::{TestNamespace, kubectl, kubectl_delete},
     install::{Release, VERSION, default_service_account, eventually, kubectl_json, run},
     seed::WORKER_IMAGE,
 };
@@ -277,7 +277,7 @@ async fn helm_uninstall_completes() {
     let helm = |args: &[&str]| {
         let mut command = Command::new(repo().join("target/tools/bin/helm"));
         command
-            .env("KUBECONFIG", crate::harness::control_plane())
+            .env("KUBECONFIG", crate::cluster::control_plane())
             .args(["-n", &ns.name])
             .args(args);
         command

@@ -12,11 +12,11 @@ mod deferred;
 mod in_use;
 mod release;
 
-use testkit::{cluster as harness, install, seed};
+use testkit::{cluster, install, seed};
 
 use std::time::Duration;
 
-use harness::{TestNamespace, apiserver_audit, kubectl};
+use cluster::{TestNamespace, apiserver_audit, kubectl};
 use install::{
     IMAGE, Kustomized, Release, VERSION, audit_lines, default_service_account, docker, eventually, guard_logs,
     guard_pods, held_cas, kubectl_json, run, stdout,
@@ -300,7 +300,7 @@ async fn an_install_the_webhooks_do_not_trust_fails() {
     let (namespace, name) = ("cds-secret-guard", "cds-secret-guard");
     let dir = std::env::temp_dir().join(format!("untrusted-{}", std::process::id()));
     let certs = |out: &std::path::Path| {
-        run(std::process::Command::new(harness::guard_binary())
+        run(std::process::Command::new(cluster::guard_binary())
             .args(["certs", "--out"])
             .arg(out)
             .args(["--host", &format!("{name}.{namespace}.svc")]));
@@ -308,9 +308,9 @@ async fn an_install_the_webhooks_do_not_trust_fails() {
     certs(&dir.join("served"));
     certs(&dir.join("other"));
     let helm = || {
-        let mut command = std::process::Command::new(harness::repo().join("target/tools/bin/helm"));
+        let mut command = std::process::Command::new(cluster::repo().join("target/tools/bin/helm"));
         command
-            .env("KUBECONFIG", harness::control_plane())
+            .env("KUBECONFIG", cluster::control_plane())
             .args(["-n", namespace]);
         command
     };
@@ -328,7 +328,7 @@ async fn an_install_the_webhooks_do_not_trust_fails() {
     let started = std::time::Instant::now();
     let install = helm()
         .args(["install", name])
-        .arg(harness::repo().join("manifests/helm/cds-secret-guard"))
+        .arg(cluster::repo().join("manifests/helm/cds-secret-guard"))
         .args(["--wait", "--rollback-on-failure", "--timeout", "40s"])
         .args([
             "--set",
@@ -585,11 +585,11 @@ async fn kustomize_install_decides_from_its_pods() {
 /// the chart's names, which Helm refuses to adopt ("exists and cannot be imported into the
 /// current release"); `make run` installs all the same, and its guard decides.
 async fn make_run_installs_over_what_the_suites_leave() {
-    // What harness::guard_kubeconfig leaves behind.
+    // What cluster::guard_kubeconfig leaves behind.
     let _ = kubectl().args(["create", "namespace", "cds-secret-guard"]).output();
     run(kubectl()
         .args(["-n", "cds-secret-guard", "apply", "-f"])
-        .arg(harness::repo().join("manifests/base/rbac.yaml")));
+        .arg(cluster::repo().join("manifests/base/rbac.yaml")));
     let account = kubectl_json(&["-n", "cds-secret-guard", "get", "serviceaccount", "cds-secret-guard"]);
     assert!(
         account["metadata"]["annotations"]["meta.helm.sh/release-name"].is_null(),
@@ -598,7 +598,7 @@ async fn make_run_installs_over_what_the_suites_leave() {
 
     run(std::process::Command::new("make")
         .arg("run")
-        .current_dir(harness::repo()));
+        .current_dir(cluster::repo()));
     // Uninstalled when dropped.
     let release = Release {
         name: "cds-secret-guard",

@@ -14,7 +14,7 @@ use std::{
 use serde_json::Value;
 
 use crate::{
-    harness::{self, TestNamespace, kubectl},
+    cluster::{self, TestNamespace, kubectl},
     install::{self, Release, VERSION, eventually, kubectl_json, run, stdout},
     seed, webhook_calls,
 };
@@ -41,7 +41,7 @@ pub struct Registry {
 
 impl Registry {
     pub fn of_the_node() -> Self {
-        let output = run(Command::new(harness::repo().join("hack/controlplane/cluster.sh")).arg("registry"));
+        let output = run(Command::new(cluster::repo().join("hack/controlplane/cluster.sh")).arg("registry"));
         let vars: std::collections::BTreeMap<String, String> = stdout(&output)
             .lines()
             .filter_map(|line| line.split_once('='))
@@ -65,7 +65,7 @@ impl Registry {
     /// `hack/release.sh` (what `make release` runs) for this checkout or another, as an
     /// operator with a login and the registry's CA; helm's logins kept under target/.
     pub fn release(&self, tree: Option<&Path>) {
-        let mut command = Command::new(harness::repo().join("hack/release.sh"));
+        let mut command = Command::new(cluster::repo().join("hack/release.sh"));
         command
             .env("REGISTRY", &self.address)
             .env("REGISTRY_CA", &self.ca)
@@ -85,16 +85,16 @@ impl Registry {
 }
 
 fn helm_registry_config() -> PathBuf {
-    let dir = harness::repo().join("target/shipped");
+    let dir = cluster::repo().join("target/shipped");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("helm-registry.json")
 }
 
 /// `helm` on the control plane, with the registry login `Registry::release` made.
 fn helm() -> Command {
-    let mut command = Command::new(harness::repo().join("target/tools/bin/helm"));
+    let mut command = Command::new(cluster::repo().join("target/tools/bin/helm"));
     command
-        .env("KUBECONFIG", harness::control_plane())
+        .env("KUBECONFIG", cluster::control_plane())
         .env("HELM_REGISTRY_CONFIG", helm_registry_config())
         .args(["-n", NAMESPACE]);
     command
@@ -103,7 +103,7 @@ fn helm() -> Command {
 /// The commit `PREVIOUS_RELEASE` names, checked out under target/ (fetched first when
 /// this clone is shallow).
 fn previous_release_tree() -> PathBuf {
-    let repo = harness::repo();
+    let repo = cluster::repo();
     let tree = repo.join("target/shipped/previous-release");
     let git = |args: &[&str]| Command::new("git").current_dir(repo).args(args).output().unwrap();
     if !git(&["cat-file", "-e", &format!("{PREVIOUS_RELEASE}^{{commit}}")])

@@ -9,7 +9,7 @@
 //! Long: not in `make test` (`test = false`); `make soak` runs it.
 #![allow(clippy::unwrap_used)]
 
-use testkit::cluster as harness;
+use testkit::cluster;
 use testkit::install;
 use testkit::seed;
 
@@ -20,8 +20,8 @@ use std::{
 };
 
 use cds_secret_guard::config::Limits;
+use cluster::{TestNamespace, kubectl};
 use futures::StreamExt;
-use harness::{TestNamespace, kubectl};
 use install::{
     GUARD_PODS, Release, VERSION, default_service_account, eventually, guard_logs, guard_pods, held_cas, kubectl_json,
     run, stdout,
@@ -777,8 +777,8 @@ async fn operating_the_guard_on_the_node_loses_no_secret() {
     install::refused_by_the_guard(&probe, "cds-worker-config-probe").await;
     rolling_upgrade(&release).await;
     sigkill_one_replica().await;
-    memory_under_the_limit(harness::client().await).await;
-    evictions_respect_the_budget(harness::client().await).await;
+    memory_under_the_limit(cluster::client().await).await;
+    evictions_respect_the_budget(cluster::client().await).await;
     certificates_rotate_through_disruptions(&release).await;
     renewing_by_hand_replaces_ca_and_leaf_together(&release).await;
 }
