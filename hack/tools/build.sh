@@ -3,11 +3,16 @@
 # lint, template and install tests; pinned in helm/go.mod), promtool (checks and
 # unit-tests the alerting rules; pinned in promtool/go.mod), toxiproxy (the
 # fault-injecting TCP proxy of tests/controlplane/e2e_lagging_watch.rs; pinned in
-# toxiproxy/go.mod), and the shipped suite's registry (registry/main.go, on
-# go-containerregistry) with crane, which pushes to it (pinned in registry/go.mod),
-# and puts them in <repo>/target/tools/bin/.
+# toxiproxy/go.mod), the shipped suite's registry (registry/main.go, on
+# go-containerregistry) with crane, which pushes to it, and release-image
+# (registry/release-image/main.go), which makes what `make release` pushes
+# reproducible (pinned in registry/go.mod), cosign, which signs and verifies
+# releases (pinned in cosign/go.mod), and, from crates.io, cargo-cyclonedx, which
+# writes the SBOM a release attests (pinned below), and puts them in
+# <repo>/target/tools/bin/.
 #
-#   hack/tools/build.sh              helm, promtool, toxiproxy, registry and crane
+#   hack/tools/build.sh              helm, promtool, toxiproxy, registry, crane,
+#                                     release-image, cosign and cargo-cyclonedx
 #                                     (`make test`, `make tools`)
 #   hack/tools/build.sh prometheus   the Prometheus server only (`make dashboard`),
 #                                     from the same module and version as promtool
@@ -35,6 +40,9 @@
 # - toxiproxy (17 modules), the standard library included: 2 min 46 s wall, 44 s of
 #   CPU, measured 2026-12-04 at load 17-21; 33 MB of modules, 135 MB of build cache.
 #   With Go's caches warm, 10 s.
+# - cosign (its module graph lists ~800 modules): 4 min 21 s wall, 3 min 35 s of CPU, at
+#   nice 19 beside a Rust build (2026-12-07), its modules already downloaded (about a
+#   minute more).
 # Binary cache empty, Go's caches warm (2026-12-04, nice 10, load 2-3): helm 16 s,
 # promtool 9 s, toxiproxy 2 s; prometheus 101 s.
 #
@@ -68,6 +76,10 @@ promtool_ldflags="-s -w -X github.com/prometheus/common/version.Version=$prometh
 promtool_tags=remove_all_sd
 toxiproxy_version=v2.5.0
 toxiproxy_ldflags="-s -w -X github.com/Shopify/toxiproxy/v2.Version=$toxiproxy_version"
+cosign_version=v3.1.3
+# cosign's own release stamps the version this way; without it `cosign version` says devel.
+cosign_ldflags="-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$cosign_version"
+cyclonedx_version=0.5.9
 
 # Static, reproducible builds; no VCS stamping (the repo's commit must not
 # change the binaries) and no go.work from a parent directory.
@@ -94,9 +106,9 @@ cached_go_build() {
 		module="${builds[i + 1]}"
 		if [[ -z "${seen[$module]:-}" ]]; then
 			seen[$module]=1
-			# A module of ours (registry/main.go) enters the key with its sources.
+			# A module of ours (registry/) enters the key with its sources.
 			files+=("$here/$module/go.mod" "$here/$module/go.sum")
-			files+=($(find "$here/$module" -maxdepth 1 -name '*.go' | sort))
+			files+=($(find "$here/$module" -name '*.go' | sort))
 		fi
 		if [[ -n "${builds[i + 3]}" ]]; then flags+=("${builds[i + 3]}"); fi
 		if [[ -n "${builds[i + 4]}" ]]; then flags+=("${builds[i + 4]}"); fi
@@ -143,7 +155,7 @@ if [[ "$what" == prometheus ]]; then
 	exit 0
 fi
 
-# helm's and promtool's key has no prefix: it is older than the other two.
+# helm's and promtool's key has no prefix: it is older than the others.
 cached_go_build "" \
 	helm helm helm.sh/helm/v4/cmd/helm "$helm_ldflags" "" \
 	promtool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_ldflags" "$promtool_tags"
@@ -151,5 +163,23 @@ cached_go_build toxiproxy- \
 	toxiproxy toxiproxy github.com/Shopify/toxiproxy/v2/cmd/server "$toxiproxy_ldflags" ""
 cached_go_build registry- \
 	registry registry . "-s -w" "" \
-	crane registry github.com/google/go-containerregistry/cmd/crane "-s -w" ""
+	crane registry github.com/google/go-containerregistry/cmd/crane "-s -w" "" \
+	release-image registry ./release-image "-s -w" ""
+if [[ "$cosign_version" != "$(awk '$1 == "github.com/sigstore/cosign/v3" {print $2}' "$here/cosign/go.mod")" ]]; then
+	echo "build.sh: cosign/go.mod does not pin cosign $cosign_version" >&2
+	exit 1
+fi
+cached_go_build cosign- \
+	cosign cosign github.com/sigstore/cosign/v3/cmd/cosign "$cosign_ldflags" ""
+# cargo-cyclonedx, a Rust tool: `cargo install --locked` (its own Cargo.lock), keyed by
+# its version and the host's rustc.
+cargo_installs() {
+	local tmp="$1" t
+	t=$(date +%s)
+	cargo install --quiet --locked --root "$tmp/root" "cargo-cyclonedx@$cyclonedx_version"
+	mv "$tmp/root/bin/cargo-cyclonedx" "$tmp/" && rm -rf "$tmp/root"
+	echo "build.sh: cargo-cyclonedx built in $(($(date +%s) - t))s"
+}
+cyclonedx_key="$(echo "cargo-cyclonedx@$cyclonedx_version $(rustc -V)" | sha256sum | cut -c1-16)"
+cached_build "$cache_root/tools/cyclonedx-$cyclonedx_key" "$out" cargo-cyclonedx cargo_installs
 echo "build.sh: $out ready ($(($(date +%s) - t0))s)"
