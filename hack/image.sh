@@ -7,6 +7,11 @@
 #                         tests), built from its own Dockerfile and tagged with its
 #                         version only
 #
+# PLATFORMS (default: the host's, e.g. linux/amd64) names the platforms to build, among
+# linux/amd64 and linux/arm64: the host's is tagged as above, another as
+# cds-secret-guard:<version>-linux-<arch>. The Dockerfile cross-compiles: nothing is
+# emulated.
+#
 # The Dockerfile is the one users build, unchanged. Its base images are build arguments
 # (BUILD_IMAGE, RUNTIME_IMAGE, from RUST_VERSION); set them in the environment to build
 # from a mirror. Each base is used as the engine has it, else pulled; only when no registry
@@ -14,14 +19,19 @@
 #   rust:<X.Y>-bookworm                     Debian bookworm (debootstrap, minbase) with gcc
 #                                           and make, the host's CA bundle (cargo reaches
 #                                           crates.io through the host's network), and the
-#                                           host's Rust toolchain, which must be X.Y, laid
-#                                           out as the official image has it (/usr/local/cargo)
+#                                           host's Rust toolchain, which must be X.Y, with
+#                                           the x86_64 and aarch64 standard libraries
+#                                           (rustup adds them), laid out as the official
+#                                           image has it (/usr/local/cargo)
 #   gcr.io/distroless/cc-debian12:nonroot   what distroless/cc holds: glibc, libgcc, the CA
 #                                           bundle, passwd with nonroot (65532); no shell
+#   gcr.io/distroless/cc-debian12:nonroot-<arch>   the same for another architecture, from
+#                                           that architecture's packages (for PLATFORMS)
 # Each stand-in is labelled io.cds-secret-guard.stand-in=<hash of its recipe> and rebuilt
 # when the recipe changes. The Dockerfile's own steps then run as they do anywhere.
 #
-# Env: BUILD_IMAGE, RUNTIME_IMAGE, RUST_VERSION (the Dockerfile's arguments);
+# Env: BUILD_IMAGE, RUNTIME_IMAGE, RUST_VERSION (the Dockerfile's arguments); NO_CACHE=1
+# runs every step of the Dockerfile again (with the Debian engine, from empty cargo caches);
 # DEBIAN_MIRROR (the stand-ins' Debian archive; default: the host's apt sources' bookworm
 # archive, else deb.debian.org); CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard).
 set -euo pipefail
@@ -35,6 +45,19 @@ context="$(cd "${1:-$repo}" && pwd)"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$context/Cargo.toml" | head -n1)"
 tags=(-t "$name:$version")
 [[ "$context" != "$repo" ]] || tags+=(-t "$name:dev")
+case "$(uname -m)" in
+x86_64) host_arch=amd64 ;;
+aarch64) host_arch=arm64 ;;
+*) host_arch="$(uname -m)" ;;
+esac
+platforms="${PLATFORMS:-linux/$host_arch}"
+platforms="${platforms//,/ }"
+for platform in $platforms; do
+	case "$platform" in
+	linux/amd64 | linux/arm64) ;;
+	*) echo "image.sh: ERROR: PLATFORMS: $platform is not linux/amd64 or linux/arm64" >&2 && exit 1 ;;
+	esac
+done
 t0=$(date +%s)
 
 log() { echo "image.sh: $*" >&2; }
@@ -57,7 +80,7 @@ done
 # base_images: the FROM images, with the build arguments substituted.
 base_images() {
 	local image arg
-	sed -n 's/^FROM[[:space:]]\+\([^[:space:]]\+\).*/\1/p' "$context/Dockerfile" | while read -r image; do
+	sed -n 's/^FROM[[:space:]]\+\(--platform=[^[:space:]]\+[[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' "$context/Dockerfile" | while read -r image; do
 		for arg in RUST_VERSION BUILD_IMAGE RUNTIME_IMAGE; do image="${image//\$\{$arg\}/${!arg}}"; done
 		echo "$image"
 	done
@@ -117,8 +140,12 @@ make_rust_stand_in() {
 	have="$(rustc --version | awk '{print $2}')"
 	[[ "$have" == "$want" || "$have" == "$want".* ]] ||
 		die "no registry serves $image, and the host's rustc is $have: no stand-in can be made (RUST_VERSION=${have%.*} builds with the host's)"
-	hash="$(printf '%s|%s|%s|%s\n' "$bookworm_packages" "$have" "$(declare -f make_rust_stand_in)" \
-		"$(sha256sum </etc/ssl/certs/ca-certificates.crt)" | sha256sum | cut -c1-16)"
+	# The Dockerfile cross-compiles for the other platform: the stand-in has both standard
+	# libraries (the official image lets the build add its own with rustup).
+	rustup target add x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu >/dev/null 2>&1 ||
+		die "rustup cannot add the x86_64 and aarch64 standard libraries to the host's Rust"
+	hash="$(printf '%s|%s|%s|%s|%s\n' "$bookworm_packages" "$have" "$(declare -f make_rust_stand_in)" \
+		"$(sha256sum </etc/ssl/certs/ca-certificates.crt)" "$(ls "$sysroot/lib/rustlib")" | sha256sum | cut -c1-16)"
 	stand_in_current "$image" "$hash" && return 0
 	log "making the stand-in $image (Debian bookworm + the host's Rust $have)"
 	dir="$cache/rust.tmp.$$"
@@ -193,6 +220,46 @@ make_distroless_stand_in() {
 	rm -rf "$dir"
 }
 
+# The distroless stand-in for another architecture ARCH, as IMAGE: glibc and libgcc from
+# ARCH's Debian packages (debootstrap --foreign downloads and unpacks them; nothing of
+# ARCH runs), the CA bundle and the users as for the host's.
+make_foreign_distroless_stand_in() {
+	local image=$1 arch=$2 hash dir root deb
+	hash="$(printf '%s|%s\n' "$arch" "$(declare -f make_foreign_distroless_stand_in)" | sha256sum | cut -c1-16)"
+	stand_in_current "$image" "$hash" && return 0
+	log "making the stand-in $image (glibc, libgcc and CA certificates from Debian bookworm, $arch)"
+	dir="$cache/distroless-$arch.tmp.$$"
+	rm -rf "$dir"
+	mkdir -p "$dir/debs" "$dir/rootfs" "$dir/bookworm"
+	debootstrap --foreign --arch="$arch" --variant=minbase bookworm "$dir/debs" "$debian_mirror" \
+		>"$cache/debootstrap-$arch.log" 2>&1 ||
+		{ tail -n 20 "$cache/debootstrap-$arch.log" >&2; die "debootstrap --arch=$arch failed; see $cache/debootstrap-$arch.log"; }
+	root="$dir/rootfs"
+	for deb in "$dir"/debs/var/cache/apt/archives/{libc6,libgcc-s1}_*_"$arch".deb; do
+		dpkg-deb -x "$deb" "$root"
+	done
+	tar -C "$dir/bookworm" -xf "$(bookworm_rootfs)" ./etc/ssl/certs/ca-certificates.crt
+	mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/home/nonroot" "$root/root" "$root/usr/local/bin"
+	cp "$dir/bookworm/etc/ssl/certs/ca-certificates.crt" "$root/etc/ssl/certs/"
+	printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
+		'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$root/etc/passwd"
+	printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'nonroot:x:65532:' >"$root/etc/group"
+	chmod 1777 "$root/tmp"
+	chown 65532:65532 "$root/home/nonroot"
+	chmod 700 "$root/root"
+	# `docker import` cannot say the architecture (without the engine's experimental
+	# features): a build from scratch for the platform can, and runs nothing.
+	mkdir -p "$dir/context"
+	tar -C "$root" --numeric-owner -cf "$dir/context/rootfs.tar" .
+	printf '%s\n' 'FROM scratch' 'ADD rootfs.tar /' 'USER 65532' 'WORKDIR /home/nonroot' \
+		'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+		'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
+		"LABEL io.cds-secret-guard.stand-in=$hash" >"$dir/context/Dockerfile"
+	dk build --platform "linux/$arch" -q -t "$image" "$dir/context" >/dev/null
+	[[ "$(dk image inspect -f '{{.Architecture}}' "$image")" == "$arch" ]] || die "the engine made $image for another architecture than $arch"
+	rm -rf "$dir"
+}
+
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
@@ -221,13 +288,26 @@ commit="${GIT_COMMIT:-unknown}"
 if [[ "$(git -C "$context" rev-parse --show-toplevel 2>/dev/null)" == "$context" ]]; then
 	commit="$(git -C "$context" rev-parse --short=12 HEAD)"
 fi
-log "building $name:$version (commit $commit) of $context from $(base_images | paste -sd' ')"
-t=$(date +%s)
-# --network=host: the build's cargo reaches crates.io through the host's network.
-dk build --network=host --progress=plain "${build_args[@]}" --build-arg "GIT_COMMIT=$commit" \
-	"${tags[@]}" "$context" >"$cache/build.log" 2>&1 ||
-	{ tail -n 40 "$cache/build.log" >&2; die "docker build failed; see $cache/build.log"; }
-log "built in $(($(date +%s) - t))s (log: $cache/build.log)"
-size="$(dk image inspect -f '{{.Size}}' "$name:$version")"
-log "$(printf '%s ' "${tags[@]}" | sed 's/-t //g'): $((size / 1024 / 1024)) MiB ($size bytes), user $(dk image inspect -f '{{.Config.User}}' "$name:$version")"
+for platform in $platforms; do
+	arch="${platform#linux/}"
+	platform_tags=("${tags[@]}") platform_args=()
+	if [[ "$arch" != "$host_arch" ]]; then
+		platform_tags=(-t "$name:$version-linux-$arch")
+		# A stand-in serves one platform: another architecture's is an image of its own.
+		if [[ -n "$(stand_in_label "$RUNTIME_IMAGE")" ]]; then
+			make_foreign_distroless_stand_in "$RUNTIME_IMAGE-$arch" "$arch"
+			platform_args=(--build-arg "RUNTIME_IMAGE=$RUNTIME_IMAGE-$arch")
+		fi
+	fi
+	log "building $name:$version for $platform (commit $commit) of $context from $(base_images | paste -sd' ')${platform_args[*]:+ (${platform_args[1]#*=} for the runtime)}"
+	t=$(date +%s)
+	# --network=host: the build's cargo reaches crates.io through the host's network.
+	dk build --network=host --progress=plain ${NO_CACHE:+--no-cache} --platform "$platform" "${build_args[@]}" \
+		"${platform_args[@]}" --build-arg "GIT_COMMIT=$commit" "${platform_tags[@]}" "$context" >"$cache/build.log" 2>&1 ||
+		{ tail -n 40 "$cache/build.log" >&2; die "docker build failed; see $cache/build.log"; }
+	log "built in $(($(date +%s) - t))s (log: $cache/build.log)"
+	image="${platform_tags[1]}"
+	size="$(dk image inspect -f '{{.Size}}' "$image")"
+	log "$(printf '%s ' "${platform_tags[@]}" | sed 's/-t //g'): $((size / 1024 / 1024)) MiB ($size bytes), user $(dk image inspect -f '{{.Config.User}}' "$image"), $(dk image inspect -f '{{.Os}}/{{.Architecture}}' "$image")"
+done
 log "done in $(($(date +%s) - t0))s"
