@@ -41,9 +41,13 @@ soak: ## On the node, under a hatchery's load: a rolling upgrade, a replica SIGK
 image: ## Build the image from the Dockerfile with a local engine: cds-secret-guard:<version> and :dev
 	hack/image.sh
 
+.PHONY: reproduce
+reproduce: ## Build the release image (linux/amd64 and linux/arm64) twice from scratch and check that both give one digest (hack/reproduce.sh; ~20 min)
+	hack/reproduce.sh
+
 .PHONY: release
-release: ## Push the image and the chart to REGISTRY=host:port or host:port/path (REGISTRY/cds-secret-guard:<version>, oci://REGISTRY/charts/cds-secret-guard); hack/release.sh says which logins and CA it takes
-	REGISTRY=$(REGISTRY) hack/release.sh
+release: ## Push the image and the chart to REGISTRY=host:port or host:port/path (REGISTRY/cds-secret-guard:<version>, oci://REGISTRY/charts/cds-secret-guard), signed with COSIGN_KEY=<cosign key> when given; a published version never moves; hack/release.sh says which logins and CA it takes
+	REGISTRY=$(REGISTRY) COSIGN_KEY=$(COSIGN_KEY) hack/release.sh
 
 .PHONY: bench
 bench: ## Benchmarks (docs/design/benchmarks.md): in-process, guard vs ceiling over TLS, the apiserver path, the reconciler

@@ -10,6 +10,7 @@
 
 mod deferred;
 mod in_use;
+mod published;
 mod release;
 
 use testkit::{cluster, install, seed};

@@ -16,6 +16,7 @@ use serde_json::Value;
 use crate::{
     cluster::{self, TestNamespace, kubectl},
     install::{self, Release, VERSION, eventually, kubectl_json, run, stdout},
+    published::{self, SigningKey},
     seed, webhook_calls,
 };
 
@@ -27,9 +28,11 @@ const NAMESPACE: &str = "cds-secret-guard";
 const PULL_SECRET: &str = "registry-credentials";
 
 /// The node's registry, as `cluster.sh registry` gives it, released to under a path
-/// (`host:port/team`), as a team's project in a shared registry is.
+/// (`host:port/team-<run>`), as a team's project in a shared registry is: a path of its
+/// own for each run, as the registry outlives the runs and a published version never
+/// changes.
 pub struct Registry {
-    /// `host:port/team`.
+    /// `host:port/team-<run>`.
     pub address: String,
     /// `host:port`: what logins and pull secrets name.
     pub host: String,
@@ -53,7 +56,7 @@ impl Registry {
                 .unwrap_or_else(|| panic!("cluster.sh registry: no {key}"))
         };
         Self {
-            address: format!("{}/team", var("REGISTRY")),
+            address: format!("{}/team-{}", var("REGISTRY"), std::process::id()),
             host: var("REGISTRY"),
             ca: var("REGISTRY_CA").into(),
             user: var("REGISTRY_USER"),
@@ -65,6 +68,11 @@ impl Registry {
     /// `hack/release.sh` (what `make release` runs) for this checkout or another, as an
     /// operator with a login and the registry's CA; helm's logins kept under target/.
     pub fn release(&self, tree: Option<&Path>) {
+        run(&mut self.release_command(tree));
+    }
+
+    /// The command `release` runs, for more environment (`COSIGN_KEY`, `NO_CACHE`).
+    pub fn release_command(&self, tree: Option<&Path>) -> Command {
         let mut command = Command::new(cluster::repo().join("hack/release.sh"));
         command
             .env("REGISTRY", &self.address)
@@ -76,10 +84,41 @@ impl Registry {
         if let Some(tree) = tree {
             command.arg(tree);
         }
-        run(&mut command);
+        command
     }
 
-    fn chart(&self) -> String {
+    /// A tool of `target/tools/bin` (crane, cosign) that trusts the registry's CA and
+    /// holds its login.
+    pub fn tool(&self, name: &str) -> Command {
+        self.logged_in(Command::new(cluster::repo().join("target/tools/bin").join(name)))
+    }
+
+    /// `command`, trusting the registry's CA and holding its login.
+    pub fn logged_in(&self, mut command: Command) -> Command {
+        command
+            .env("SSL_CERT_FILE", &self.ca)
+            .env("DOCKER_CONFIG", &self.docker_config);
+        command
+    }
+
+    /// The digest `reference`'s tag holds.
+    pub fn digest(&self, reference: &str) -> String {
+        stdout(&run(self.tool("crane").args(["digest", reference])))
+            .trim()
+            .to_owned()
+    }
+
+    /// The tags of `repository` (under the registry's path).
+    pub fn tags(&self, repository: &str) -> Vec<String> {
+        let listed = run(self
+            .tool("crane")
+            .args(["ls", &format!("{}/{repository}", self.address)]));
+        let mut tags: Vec<String> = stdout(&listed).lines().map(str::to_owned).collect();
+        tags.sort();
+        tags
+    }
+
+    pub fn chart(&self) -> String {
         format!("oci://{}/charts/cds-secret-guard", self.address)
     }
 }
@@ -214,7 +253,10 @@ pub async fn released_chart_upgrades_and_rolls_back_under_load() {
     let registry = Registry::of_the_node();
     let previous = previous_release_tree();
     registry.release(Some(&previous));
-    registry.release(None);
+    let key = SigningKey::generate(&registry, "release-key");
+    published::released_signed_and_immutable(&registry, &key);
+    published::unsigned_and_foreign_signatures_fail(&registry, &key, PREVIOUS_VERSION);
+    published::both_platforms_are_released(&registry).await;
 
     // Without credentials, the registry turns the node away: the pulls below are the
     // pull secret's.
