@@ -312,6 +312,14 @@ pub async fn both_platforms_are_released(registry: &Registry) {
         command.arg("-L").arg(&root).arg(&binary);
         command
     };
+    // Built in the image's build stage, it names none of that stage's paths.
+    let bytes = std::fs::read(&binary).unwrap();
+    for build_path in ["/usr/local/cargo/", "/usr/local/rustup/", "/src/target/"] {
+        assert!(
+            !bytes.windows(build_path.len()).any(|window| window == build_path.as_bytes()),
+            "the arm64 binary names the build path {build_path}"
+        );
+    }
     let version = stdout(&run(arm64().arg("--version"))).trim().to_owned();
     assert!(version.contains(VERSION), "arm64 --version: {version}");
 
