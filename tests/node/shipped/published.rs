@@ -316,7 +316,9 @@ pub async fn both_platforms_are_released(registry: &Registry) {
     let bytes = std::fs::read(&binary).unwrap();
     for build_path in ["/usr/local/cargo/", "/usr/local/rustup/", "/src/target/"] {
         assert!(
-            !bytes.windows(build_path.len()).any(|window| window == build_path.as_bytes()),
+            !bytes
+                .windows(build_path.len())
+                .any(|window| window == build_path.as_bytes()),
             "the arm64 binary names the build path {build_path}"
         );
     }
