@@ -176,11 +176,26 @@ make_rust_stand_in() {
 	rm -rf "$dir"
 }
 
+# distroless_files ROOT BOOKWORM: what every distroless stand-in holds beside glibc and
+# libgcc: the CA bundle of the bookworm rootfs unpacked at BOOKWORM, the users distroless
+# has (nonroot is 65532), /tmp and the home directories.
+distroless_files() {
+	local root=$1 bookworm=$2
+	mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/home/nonroot" "$root/root" "$root/usr/local/bin"
+	cp "$bookworm/etc/ssl/certs/ca-certificates.crt" "$root/etc/ssl/certs/"
+	printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
+		'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$root/etc/passwd"
+	printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'nonroot:x:65532:' >"$root/etc/group"
+	chmod 1777 "$root/tmp"
+	chown 65532:65532 "$root/home/nonroot"
+	chmod 700 "$root/root"
+}
+
 # gcr.io/distroless/cc-debian12:nonroot: glibc and libgcc from the bookworm rootfs, the
 # CA bundle, the users distroless has; nothing else.
 make_distroless_stand_in() {
 	local image=$1 hash dir root
-	hash="$(printf '%s|%s\n' "$bookworm_packages" "$(declare -f make_distroless_stand_in)" | sha256sum | cut -c1-16)"
+	hash="$(printf '%s|%s\n' "$bookworm_packages" "$(declare -f make_distroless_stand_in distroless_files)" | sha256sum | cut -c1-16)"
 	stand_in_current "$image" "$hash" && return 0
 	log "making the stand-in $image (glibc, libgcc and CA certificates from Debian bookworm)"
 	dir="$cache/distroless.tmp.$$"
@@ -202,14 +217,7 @@ make_distroless_stand_in() {
 			fi
 		done <"$dir/bookworm/var/lib/dpkg/info/$pkg:amd64.list"
 	done
-	mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/home/nonroot" "$root/root"
-	cp "$dir/bookworm/etc/ssl/certs/ca-certificates.crt" "$root/etc/ssl/certs/"
-	printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
-		'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$root/etc/passwd"
-	printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'nonroot:x:65532:' >"$root/etc/group"
-	chmod 1777 "$root/tmp"
-	chown 65532:65532 "$root/home/nonroot"
-	chmod 700 "$root/root"
+	distroless_files "$root" "$dir/bookworm"
 	tar -C "$root" --numeric-owner -c . | dk import \
 		--change "USER 65532" \
 		--change "WORKDIR /home/nonroot" \
@@ -225,7 +233,7 @@ make_distroless_stand_in() {
 # ARCH runs), the CA bundle and the users as for the host's.
 make_foreign_distroless_stand_in() {
 	local image=$1 arch=$2 hash dir root deb
-	hash="$(printf '%s|%s\n' "$arch" "$(declare -f make_foreign_distroless_stand_in)" | sha256sum | cut -c1-16)"
+	hash="$(printf '%s|%s\n' "$arch" "$(declare -f make_foreign_distroless_stand_in distroless_files)" | sha256sum | cut -c1-16)"
 	stand_in_current "$image" "$hash" && return 0
 	log "making the stand-in $image (glibc, libgcc and CA certificates from Debian bookworm, $arch)"
 	dir="$cache/distroless-$arch.tmp.$$"
@@ -239,14 +247,7 @@ make_foreign_distroless_stand_in() {
 		dpkg-deb -x "$deb" "$root"
 	done
 	tar -C "$dir/bookworm" -xf "$(bookworm_rootfs)" ./etc/ssl/certs/ca-certificates.crt
-	mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/home/nonroot" "$root/root" "$root/usr/local/bin"
-	cp "$dir/bookworm/etc/ssl/certs/ca-certificates.crt" "$root/etc/ssl/certs/"
-	printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
-		'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$root/etc/passwd"
-	printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'nonroot:x:65532:' >"$root/etc/group"
-	chmod 1777 "$root/tmp"
-	chown 65532:65532 "$root/home/nonroot"
-	chmod 700 "$root/root"
+	distroless_files "$root" "$dir/bookworm"
 	# `docker import` cannot say the architecture (without the engine's experimental
 	# features): a build from scratch for the platform can, and runs nothing.
 	mkdir -p "$dir/context"
