@@ -592,6 +592,12 @@ cmd_up() {
 	fi
 	if [[ -n "$want_version" ]]; then K8S_VERSION=$want_version "$here/build.sh"; else "$here/build.sh"; fi
 	mkdir -p "$logs" "$run"
+	# etcd, the node's images and the pods' files share this disk with the builds.
+	local free_kib
+	free_kib=$(df -Pk "$run" | awk 'NR == 2 { print $4 }')
+	if ((free_kib < 4 * 1024 * 1024)); then
+		log "warning: $((free_kib / 1024)) MiB free under $run: etcd and the node fail when the disk fills"
+	fi
 	# Serialize up/down: two at once would start everything twice.
 	lock
 

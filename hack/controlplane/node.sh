@@ -267,7 +267,9 @@ resolvConf: ""
 # Images cannot be pulled again here: never collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+# A test node shares its disk with builds: evict only when it is truly full (1% of a
+# large disk is gigabytes, and disk pressure taints the node: no pod would start).
+evictionHard: {memory.available: 100Mi, nodefs.available: 256Mi, imagefs.available: 256Mi, nodefs.inodesFree: 1%}
 serializeImagePulls: false
 EOF
 	write_kubeconfig "$node_dir/kubelet/kubeconfig" kubelet "system:node:$node_name"

@@ -303,12 +303,12 @@ pub struct Kustomized {
 }
 
 impl Kustomized {
+    /// As docs/install.md gives it: the certificates made with `certs`, then an overlay
+    /// of one's own, `my-overlay` (here under target/shipped), applied with kubectl.
     pub fn install(tag: &str) -> Self {
-        run(Command::new(cluster::guard_binary())
-            .args(["certs", "--out"])
-            .arg(repo().join("manifests/overlays/tls-secret/certs"))
-            .args(["--host", "cds-secret-guard.cds-secret-guard.svc"]));
-        let overlay = repo().join("target/shipped/kustomize");
+        crate::pages::Shell::new(repo()).run("docs/install.md", "kustomize-certs", &[]);
+        let workspace = repo().join("target/shipped");
+        let overlay = workspace.join("my-overlay");
         std::fs::create_dir_all(&overlay).unwrap();
         std::fs::write(
             overlay.join("kustomization.yaml"),
@@ -331,15 +331,7 @@ patches:
         )
         .unwrap();
         let installed = Self { overlay };
-        run(kubectl().arg("apply").arg("-k").arg(&installed.overlay));
-        run(kubectl().args([
-            "-n",
-            "cds-secret-guard",
-            "rollout",
-            "status",
-            "deployment/cds-secret-guard",
-            "--timeout=180s",
-        ]));
+        crate::pages::Shell::new(&workspace).run("docs/install.md", "kustomize-apply", &[]);
         installed
     }
 }

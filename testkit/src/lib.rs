@@ -8,7 +8,8 @@
 //! - [`cluster`]: the real control plane, the guard binary registered with it, a
 //!   namespace per test;
 //! - [`install`], [`seed`]: the image and the chart on the node, and a hatchery's load;
-//! - [`race`]: the hatchery race against CDS's cleanup.
+//! - [`race`]: the hatchery race against CDS's cleanup;
+//! - [`pages`]: the shell blocks of the operator pages, as the tests run them.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,7 @@ pub mod fake;
 pub mod fuzz;
 pub mod in_use;
 pub mod install;
+pub mod pages;
 pub mod race;
 pub mod seed;
 

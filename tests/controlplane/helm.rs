@@ -716,6 +716,24 @@ fn the_release_version_is_cargos_everywhere() {
             .any(|line| line.starts_with(&format!("## [{version}] - "))),
         "CHANGELOG.md has no entry for {version}"
     );
+    // What the operator pages install, push and verify is this release.
+    let mut named = 0;
+    for page in testkit::pages::operator_pages() {
+        let text = read(&page);
+        for marker in ["--version ", "cds-secret-guard:", "image.tag=", "newTag: \""] {
+            for (at, _) in text.match_indices(marker) {
+                let release: String = text[at + marker.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.')
+                    .collect();
+                if release.split('.').count() == 3 {
+                    named += 1;
+                    assert_eq!(release, version, "{page}: {marker}{release}");
+                }
+            }
+        }
+    }
+    assert!(named >= 15, "the pages name a release {named} times");
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! The documents hold together: every relative link in the repository's Markdown points at
 //! a file or directory that exists, and a `#fragment` at a heading of the linked document
 //! (GitHub's anchors); every `make TARGET` the documents name in code is a target of the
-//! Makefile; and the README gives the commands `.ci/run` runs. Needs nothing running.
+//! Makefile; the README gives the commands `.ci/run` runs; and every shell block of the
+//! operator pages is run by a test or says why not. Needs nothing running.
 #![allow(clippy::unwrap_used)] // tests: a panic is a failure with its message
+
+use testkit::pages::{self, Mark};
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -509,4 +512,83 @@ fn the_chart_values_documented_are_values_yaml() {
         undocumented.is_empty(),
         "values.yaml values missing from docs/configuration.md: {undocumented:?}"
     );
+}
+
+/// The text of every Rust file of the tests and of testkit, without whitespace (rustfmt
+/// may break a call over lines).
+fn test_sources() -> String {
+    let mut text = String::new();
+    let mut dirs = vec![repo().join("tests"), repo().join("testkit/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                let source = fs::read_to_string(&path).unwrap();
+                text.extend(source.chars().filter(|c| !c.is_whitespace()));
+            }
+        }
+    }
+    text
+}
+
+/// Every shell block of the operator pages (README.md, `docs/*.md`) is either read from
+/// the page and run by a test (`<!-- run: ID -->`, and a test names that page and id), or
+/// says on the page why it is not run here (`<!-- not run here: REASON -->`). Prints each
+/// block's status.
+#[test]
+fn every_command_block_of_the_operator_pages_is_run_or_says_why_not() {
+    let sources = test_sources();
+    let mut problems = Vec::new();
+    let mut ids = BTreeSet::new();
+    let (mut run, mut not_run) = (0, 0);
+    for block in pages::all_blocks() {
+        let at = format!("{}:{}", block.page, block.line);
+        match &block.mark {
+            Mark::Run(id) => {
+                run += 1;
+                println!("{at:28} run: {id}");
+                if !ids.insert((block.page.clone(), id.clone())) {
+                    problems.push(format!("{at}: a second block marked run: {id}"));
+                }
+                if !sources.contains(&format!("\"{}\",\"{id}\"", block.page)) {
+                    problems.push(format!(
+                        "{at}: marked run: {id}, but no test reads it (as (\"{}\", \"{id}\"))",
+                        block.page
+                    ));
+                }
+            }
+            Mark::NotRun(reason) => {
+                not_run += 1;
+                println!("{at:28} not run here: {reason}");
+            }
+            Mark::Unmarked => problems.push(format!(
+                "{at}: a shell block neither run by a test (<!-- run: ID -->) nor marked <!-- not run here: REASON -->"
+            )),
+        }
+    }
+    println!("{run} blocks run by the tests, {not_run} not run here");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // The pages hold about fifty: a parser that finds none passes too.
+    assert!(run + not_run >= 40, "only {} shell blocks found", run + not_run);
+}
+
+#[test]
+fn unmarked_blocks_and_marks_without_a_reason_are_found() {
+    let page = "Text.\n\n```sh\nls\n```\n<!-- not run here: -->\n```sh\nls\n```\n\
+                <!-- run: listing -->\n```sh\nls\n```\n<!-- not run here: why -->\n```text\nout\n```\n\
+                <!-- not run here: a reason -->\n```sh\nls\n```\n";
+    let blocks = pages::parse("page.md", page);
+    let marks: Vec<&Mark> = blocks.iter().map(|block| &block.mark).collect();
+    assert_eq!(
+        marks,
+        [
+            &Mark::Unmarked,
+            &Mark::Unmarked,
+            &Mark::Run("listing".into()),
+            &Mark::NotRun("a reason".into())
+        ]
+    );
+    assert_eq!((blocks[2].line, blocks[2].text.as_str()), (11, "ls\n"));
 }

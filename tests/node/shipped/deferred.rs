@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::{
     cluster::{TestNamespace, kubectl},
     install::{Release, VERSION, default_service_account, eventually, kubectl_json, run, stdout},
+    pages,
     seed::WORKER_IMAGE,
 };
 
@@ -482,7 +483,7 @@ async fn the_guard_scaled_to_0_leaves_a_delete_pending() {
     assert!(!pending["metadata"]["deletionTimestamp"].is_null() && held(&pending));
 
     // What waits, as docs/in-use.md lists it.
-    let what_waits = page_command("docs/in-use.md", "kubectl get secrets,configmaps -A");
+    let what_waits = pages::block("docs/in-use.md", "what-waits");
     let listed = stdout(&run(Command::new("sh")
         .arg("-c")
         .arg(&what_waits)
@@ -540,7 +541,7 @@ async fn the_guard_scaled_to_0_leaves_a_delete_pending() {
     let config_map = format!("app-config-{one}");
     run(kubectl().args(["-n", &ns.name, "delete", "configmap", &config_map, "--wait=false"]));
     assert!(object(&ns.name, "configmap", &config_map).is_some_and(|pending| held(&pending)));
-    let way_out = page_command("docs/emergency.md", "kubectl get secrets,configmaps -A --no-headers");
+    let way_out = pages::block("docs/emergency.md", "release-finalizers");
     run(Command::new("bash")
         .arg("-c")
         .arg(&way_out)
@@ -611,24 +612,6 @@ async fn the_guard_turned_off_or_uninstalled_holds_nothing(release: &Release) {
         "deferred, a namespace deleted after the guard went: {:?}",
         started.elapsed()
     );
-}
-
-/// The command of `page` that starts with `start`, as the page writes it (its `\`
-/// continuations joined).
-fn page_command(page: &str, start: &str) -> String {
-    let text = std::fs::read_to_string(repo().join(page)).unwrap();
-    let mut lines = text.lines().map(str::trim).skip_while(|line| !line.starts_with(start));
-    let mut command = String::new();
-    for line in lines.by_ref() {
-        match line.strip_suffix('\\') {
-            Some(continued) => command.push_str(continued),
-            None => {
-                command.push_str(line);
-                return command;
-            }
-        }
-    }
-    panic!("{page} has no command starting with {start:?}")
 }
 
 /// `PATH` with the control plane's kubectl first.

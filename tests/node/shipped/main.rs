@@ -10,10 +10,11 @@
 
 mod deferred;
 mod in_use;
+mod operator_pages;
 mod published;
 mod release;
 
-use testkit::{cluster, install, seed};
+use testkit::{cluster, install, pages, seed};
 
 use std::time::Duration;
 
@@ -597,8 +598,11 @@ async fn make_run_installs_over_what_the_suites_leave() {
         "the leftover is no release's: {account}"
     );
 
-    run(std::process::Command::new("make")
-        .arg("run")
+    // As the README gives it.
+    let readme = pages::block("README.md", "make-run");
+    let make_run = readme.lines().find(|line| line.starts_with("make run")).unwrap();
+    run(std::process::Command::new("bash")
+        .args(["-c", make_run])
         .current_dir(cluster::repo()));
     // Uninstalled when dropped.
     let release = Release {

@@ -20,10 +20,11 @@ use crate::{
     seed, webhook_calls,
 };
 
-/// The last commit with another version in Cargo.toml: the release before this one.
-pub const PREVIOUS_RELEASE: &str = "66e2282c5eee718b7fe998943b99ed3c9bb350f1";
+/// The release before this one: the commit that made 0.2.0 (its version and CHANGELOG
+/// section).
+pub const PREVIOUS_RELEASE: &str = "ed0bfa02966d067991ae168265864289210ba924";
 /// Its version, as its Cargo.toml says.
-pub const PREVIOUS_VERSION: &str = "0.1.0";
+pub const PREVIOUS_VERSION: &str = "0.2.0";
 const NAMESPACE: &str = "cds-secret-guard";
 const PULL_SECRET: &str = "registry-credentials";
 
@@ -31,6 +32,7 @@ const PULL_SECRET: &str = "registry-credentials";
 /// (`host:port/team-<run>`), as a team's project in a shared registry is: a path of its
 /// own for each run, as the registry outlives the runs and a published version never
 /// changes.
+#[derive(Clone)]
 pub struct Registry {
     /// `host:port/team-<run>`.
     pub address: String,
@@ -118,19 +120,32 @@ impl Registry {
         tags
     }
 
+    /// The same registry under another path, as another team's project.
+    pub fn elsewhere(&self, team: &str) -> Self {
+        Self {
+            address: format!("{}/{team}-{}", self.host, std::process::id()),
+            ..self.clone()
+        }
+    }
+
+    /// The docker configuration holding the registry's login.
+    pub fn docker_config(&self) -> &Path {
+        &self.docker_config
+    }
+
     pub fn chart(&self) -> String {
         format!("oci://{}/charts/cds-secret-guard", self.address)
     }
 }
 
-fn helm_registry_config() -> PathBuf {
+pub fn helm_registry_config() -> PathBuf {
     let dir = cluster::repo().join("target/shipped");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("helm-registry.json")
 }
 
 /// `helm` on the control plane, with the registry login `Registry::release` made.
-fn helm() -> Command {
+pub fn helm() -> Command {
     let mut command = Command::new(cluster::repo().join("target/tools/bin/helm"));
     command
         .env("KUBECONFIG", cluster::control_plane())
@@ -169,7 +184,7 @@ fn previous_release_tree() -> PathBuf {
 }
 
 /// The release's replicas all run `version` from the registry, pulled by the node.
-async fn running_from_the_registry(registry: &Registry, version: &str) {
+pub async fn running_from_the_registry(registry: &Registry, version: &str) {
     let image = format!("{}/cds-secret-guard:{version}", registry.address);
     eventually(&format!("every replica on {image}"), Duration::from_secs(120), || {
         let pods = install::live_guard_pods(NAMESPACE);
@@ -185,7 +200,7 @@ async fn running_from_the_registry(registry: &Registry, version: &str) {
 }
 
 /// A webhook configuration of the release's name exists.
-fn webhook_registered() -> bool {
+pub fn webhook_registered() -> bool {
     ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"]
         .iter()
         .any(|kind| {
@@ -237,6 +252,12 @@ fn from_the_registry(registry: &Registry, verb: &str, version: &str, values: &[&
     let output = command.output().unwrap();
     println!("release: helm {verb} {version} took {:?}", started.elapsed());
     output
+}
+
+/// The release's revisions, as `helm history` gives them.
+pub fn helm_history() -> Vec<Value> {
+    let history = stdout(&run(helm().args(["history", "cds-secret-guard", "-o", "json"])));
+    serde_json::from_str(&history).unwrap()
 }
 
 /// `helm rollback` to a revision, waiting for the rollout.
@@ -330,13 +351,9 @@ pub async fn released_chart_upgrades_and_rolls_back_under_load() {
         outcome.config_errors
     );
     assert_eq!(outcome.completed.len(), outcome.workers);
-    let history = stdout(&run(helm().args(["history", "cds-secret-guard", "-o", "json"])));
-    let history: Value = serde_json::from_str(&history).unwrap();
-    let charts: Vec<&str> = history
-        .as_array()
-        .unwrap()
+    let charts: Vec<String> = helm_history()
         .iter()
-        .map(|r| r["chart"].as_str().unwrap())
+        .map(|revision| revision["chart"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(
         charts,
@@ -350,6 +367,8 @@ pub async fn released_chart_upgrades_and_rolls_back_under_load() {
     .await;
 
     a_bad_tag_leaves_no_webhook(&registry).await;
+
+    crate::operator_pages::the_operator_pages_run_as_written(&registry).await;
 }
 
 /// The install docs/install.md gives, with an image tag the registry does not have: the
