@@ -213,6 +213,23 @@ pub fn live_guard_pods(namespace: &str) -> Vec<Value> {
 }
 
 /// A pod's Ready condition is True.
+/// Waits until no replica of `namespace`'s guard is being deleted: while they drain,
+/// the replicas of the revision before still answer, with its configuration.
+pub async fn drained(namespace: &str) {
+    eventually(
+        "the previous revision's replicas gone",
+        Duration::from_secs(120),
+        || {
+            let pods = kubectl_json(&["-n", namespace, "get", "pods", "-l", GUARD_PODS]);
+            pods["items"]
+                .as_array()
+                .is_some_and(|pods| pods.iter().all(|pod| pod["metadata"]["deletionTimestamp"].is_null()))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 pub fn is_ready(pod: &Value) -> bool {
     pod["status"]["conditions"]
         .as_array()

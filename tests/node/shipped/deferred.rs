@@ -577,6 +577,9 @@ async fn the_guard_turned_off_or_uninstalled_holds_nothing(release: &Release) {
     let held = held_anywhere();
     assert!(held.is_empty(), "turned off, the guard still holds {held:?}");
     release.upgrade_with(VERSION, &["inUse.enabled=true"]);
+    // The replicas without in-use protection refuse what its webhooks send them while
+    // they drain (docs/in-use.md, "Turn it on").
+    crate::install::drained(release.namespace).await;
     both_held(&ns.name, &one).await;
     // A delete deferred when the guard goes.
     run(kubectl().args([

@@ -186,6 +186,8 @@ pub async fn the_operator_pages_run_as_written(nodes: &Registry) {
 
     // In-use protection (in-use.md), on a ConfigMap a pod reads.
     shell.run("docs/in-use.md", "enable", &[]);
+    // As the page says: the replicas before it refuse in-use deletes while they drain.
+    install::drained("cds-secret-guard").await;
     let can = shell.run("docs/monitoring.md", "can-patch-configmaps", &[("NS", "shop")]);
     assert_eq!(can.lines().collect::<Vec<_>>(), ["yes", "yes"], "{can}");
     run(kubectl().args(["create", "namespace", "shop"]));
