@@ -212,7 +212,16 @@ pub fn live_guard_pods(namespace: &str) -> Vec<Value> {
         .collect()
 }
 
-/// A pod's Ready condition is True.
+/// Waits until `namespace` has guard replicas, every one ready and `on` it (those
+/// terminating left out).
+pub async fn every_replica(namespace: &str, on: &str, is_on: impl Fn(&Value) -> bool) {
+    eventually(&format!("every replica on {on}"), Duration::from_secs(120), || {
+        let pods = live_guard_pods(namespace);
+        (!pods.is_empty() && pods.iter().all(|pod| is_on(pod) && is_ready(pod))).then_some(())
+    })
+    .await;
+}
+
 /// Waits until no replica of `namespace`'s guard is being deleted: while they drain,
 /// the replicas of the revision before still answer, with its configuration.
 pub async fn drained(namespace: &str) {
@@ -230,6 +239,7 @@ pub async fn drained(namespace: &str) {
     .await;
 }
 
+/// A pod's Ready condition is True.
 pub fn is_ready(pod: &Value) -> bool {
     pod["status"]["conditions"]
         .as_array()

@@ -293,10 +293,8 @@ pub async fn the_operator_pages_run_as_written(nodes: &Registry) {
 /// path, and containerd names an image by its first pull.)
 async fn running_from(registry: &Registry) {
     let image = format!("{}/cds-secret-guard:{VERSION}", registry.address);
-    eventually(&format!("every replica on {image}"), Duration::from_secs(120), || {
-        let pods = install::live_guard_pods("cds-secret-guard");
-        let on_image = |pod: &serde_json::Value| pod["spec"]["containers"][0]["image"] == image.as_str();
-        (!pods.is_empty() && pods.iter().all(|pod| on_image(pod) && install::is_ready(pod))).then_some(())
+    install::every_replica("cds-secret-guard", &image, |pod| {
+        pod["spec"]["containers"][0]["image"] == image.as_str()
     })
     .await;
 }

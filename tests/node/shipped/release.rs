@@ -184,17 +184,13 @@ fn previous_release_tree() -> PathBuf {
 }
 
 /// The release's replicas all run `version` from the registry, pulled by the node.
-pub async fn running_from_the_registry(registry: &Registry, version: &str) {
+async fn running_from_the_registry(registry: &Registry, version: &str) {
     let image = format!("{}/cds-secret-guard:{version}", registry.address);
-    eventually(&format!("every replica on {image}"), Duration::from_secs(120), || {
-        let pods = install::live_guard_pods(NAMESPACE);
-        let pulled = |pod: &Value| {
-            pod["spec"]["containers"][0]["image"] == image.as_str()
-                && pod["status"]["containerStatuses"][0]["imageID"]
-                    .as_str()
-                    .is_some_and(|id| id.starts_with(&registry.address))
-        };
-        (!pods.is_empty() && pods.iter().all(|pod| pulled(pod) && install::is_ready(pod))).then_some(())
+    install::every_replica(NAMESPACE, &image, |pod| {
+        pod["spec"]["containers"][0]["image"] == image.as_str()
+            && pod["status"]["containerStatuses"][0]["imageID"]
+                .as_str()
+                .is_some_and(|id| id.starts_with(&registry.address))
     })
     .await;
 }
