@@ -16,11 +16,7 @@ down: ## Stop the guard and the local control plane
 
 .PHONY: test
 test: ## All tests: unit, handler, TLS, the model check (short bounds), end-to-end against the real control plane, chart and alerts, then the image, the node and the chart installed on it
-	hack/controlplane/cluster.sh up --no-node
-	hack/tools/build.sh
-	cargo test --locked --all-targets
-	hack/controlplane/cluster.sh up --node
-	cargo test --locked --test shipped -- --nocapture
+	hack/test.sh
 
 # The Kubernetes releases `make compat` runs on: the oldest supported, the pinned one
 # (the only one `make test` and CI use), the newest served. Each needs pins in

@@ -13,7 +13,11 @@
 #
 #   hack/tools/build.sh              helm, promtool, toxiproxy, registry, crane,
 #                                     release-image, cosign and cargo-cyclonedx
-#                                     (`make test`, `make tools`)
+#                                     (`make tools`, `make release`)
+#   hack/tools/build.sh test         what the suites run: all but cosign and
+#                                     cargo-cyclonedx (`make test`, before its suites)
+#   hack/tools/build.sh release      cosign and cargo-cyclonedx only (`make test`, in
+#                                     the background, for the shipped suite's releases)
 #   hack/tools/build.sh prometheus   the Prometheus server only (`make dashboard`),
 #                                     from the same module and version as promtool
 #                                     (pinned in prometheus/go.mod; the script fails
@@ -51,9 +55,9 @@ set -euo pipefail
 
 what="${1:-}"
 case "$what" in
-"" | prometheus) ;;
+"" | test | release | prometheus) ;;
 *)
-	echo "usage: $0 [prometheus]" >&2
+	echo "usage: $0 [test|release|prometheus]" >&2
 	exit 2
 	;;
 esac
@@ -155,24 +159,33 @@ if [[ "$what" == prometheus ]]; then
 	exit 0
 fi
 
-# helm's and promtool's key has no prefix: it is older than the others.
-cached_go_build "" \
-	helm helm helm.sh/helm/v4/cmd/helm "$helm_ldflags" "" \
-	promtool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_ldflags" "$promtool_tags"
-cached_go_build toxiproxy- \
-	toxiproxy toxiproxy github.com/Shopify/toxiproxy/v2/cmd/server "$toxiproxy_ldflags" ""
-cached_go_build registry- \
-	registry registry . "-s -w" "" \
-	crane registry github.com/google/go-containerregistry/cmd/crane "-s -w" "" \
-	release-image registry ./release-image "-s -w" ""
-if [[ "$cosign_version" != "$(awk '$1 == "github.com/sigstore/cosign/v3" {print $2}' "$here/cosign/go.mod")" ]]; then
-	echo "build.sh: cosign/go.mod does not pin cosign $cosign_version" >&2
-	exit 1
-fi
-cached_go_build cosign- \
-	cosign cosign github.com/sigstore/cosign/v3/cmd/cosign "$cosign_ldflags" ""
-# cargo-cyclonedx, a Rust tool: `cargo install --locked` (its own Cargo.lock), keyed by
-# its version and the host's rustc.
+# What the suites run.
+test_tools() {
+	# helm's and promtool's key has no prefix: it is older than the others.
+	cached_go_build "" \
+		helm helm helm.sh/helm/v4/cmd/helm "$helm_ldflags" "" \
+		promtool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_ldflags" "$promtool_tags"
+	cached_go_build toxiproxy- \
+		toxiproxy toxiproxy github.com/Shopify/toxiproxy/v2/cmd/server "$toxiproxy_ldflags" ""
+	cached_go_build registry- \
+		registry registry . "-s -w" "" \
+		crane registry github.com/google/go-containerregistry/cmd/crane "-s -w" "" \
+		release-image registry ./release-image "-s -w" ""
+}
+
+# What a release signs and describes with: cosign, and cargo-cyclonedx, a Rust tool
+# (`cargo install --locked`, its own Cargo.lock, keyed by its version and the host's rustc).
+release_tools() {
+	if [[ "$cosign_version" != "$(awk '$1 == "github.com/sigstore/cosign/v3" {print $2}' "$here/cosign/go.mod")" ]]; then
+		echo "build.sh: cosign/go.mod does not pin cosign $cosign_version" >&2
+		exit 1
+	fi
+	cached_go_build cosign- \
+		cosign cosign github.com/sigstore/cosign/v3/cmd/cosign "$cosign_ldflags" ""
+	local key
+	key="$(echo "cargo-cyclonedx@$cyclonedx_version $(rustc -V)" | sha256sum | cut -c1-16)"
+	cached_build "$cache_root/tools/cyclonedx-$key" "$out" cargo-cyclonedx cargo_installs
+}
 cargo_installs() {
 	local tmp="$1" t
 	t=$(date +%s)
@@ -180,6 +193,7 @@ cargo_installs() {
 	mv "$tmp/root/bin/cargo-cyclonedx" "$tmp/" && rm -rf "$tmp/root"
 	echo "build.sh: cargo-cyclonedx built in $(($(date +%s) - t))s"
 }
-cyclonedx_key="$(echo "cargo-cyclonedx@$cyclonedx_version $(rustc -V)" | sha256sum | cut -c1-16)"
-cached_build "$cache_root/tools/cyclonedx-$cyclonedx_key" "$out" cargo-cyclonedx cargo_installs
+
+if [[ "$what" != release ]]; then test_tools; fi
+if [[ "$what" != test ]]; then release_tools; fi
 echo "build.sh: $out ready ($(($(date +%s) - t0))s)"
