@@ -3,7 +3,8 @@
 # `cargo test --all-targets`, then the node and the shipped suite.
 #
 # The shipped suite, last, is the only one that needs the images (linux/amd64 for the node,
-# linux/arm64 for the release) and the release's tools (cosign, cargo-cyclonedx). They are
+# linux/arm64 for the release, the previous release's to upgrade from) and the release's
+# tools (cosign, cargo-cyclonedx). They are
 # built in the background from the start, at the lowest priority, so that they take the CPU
 # the steps before leave idle rather than lengthen those steps or slow a suite that waits
 # on a deadline: the tools at nice 19, the images' steps in the engine's cgroup made idle
@@ -50,6 +51,8 @@ trap finish EXIT
 # release's tools, the image for arm64, and the image of the release before this one
 # (tests/node/shipped/release.rs names its commit), which the suite upgrades from. That
 # one is built from the commit's files, under the name its worktree's build gives it.
+# image.sh builds one image at a time: on a cold run the suite's release, which finds its
+# own images cached, may wait behind this last build.
 background_builds() {
 	hack/image.sh
 	hack/tools/build.sh release
