@@ -2,16 +2,16 @@
 # `make test`: the control plane without the node, the tools the suites run, every suite of
 # `cargo test --all-targets`, then the node and the shipped suite.
 #
-# The shipped suite, last, is the only one that needs the images (linux/amd64 for the node,
-# linux/arm64 for the release, the previous release's to upgrade from) and the release's
-# tools (cosign, cargo-cyclonedx). They are
-# built in the background from the start, at the lowest priority, so that they take the CPU
-# the steps before leave idle rather than lengthen those steps or slow a suite that waits
-# on a deadline: the tools at nice 19, the images' steps in the engine's cgroup made idle
-# (below). Nothing depends on that head start: the shipped suite runs `make image` and
-# `make release` itself, whose builds are cached and locked; they wait for a build under
-# way and then find it done. A background build that failed is run again there, where its
-# error shows; its own log is target/test-background.log.
+# The shipped suite, last, is the only one that needs the images (linux/amd64 for the
+# node, linux/arm64 for the release, the previous release's to upgrade from) and the
+# release's tools (cosign, cargo-cyclonedx). They are built in the background from the
+# start, at the lowest priority, so that they take the CPU the steps before leave idle
+# rather than lengthen those steps or slow a suite that waits on a deadline: the tools at
+# nice 19, the images' steps in the engine's cgroup made idle (below). Nothing depends on
+# that head start: the shipped suite runs `make image` and `make release` itself, whose
+# builds are cached and locked; they wait for a build under way and then find it done. A
+# background build that failed is run again there, where its error shows; its own log is
+# target/test-background.log.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p target
