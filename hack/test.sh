@@ -19,11 +19,10 @@ background_log=target/test-background.log
 
 # One engine for the whole run, started here unless one runs (the host's, or another
 # run's): the background's builds and the suite's commands all use it.
+# shellcheck source=hack/docker.sh
+. hack/docker.sh
 engine_started=0
-if ! hack/docker.sh status >/dev/null 2>&1; then
-	hack/docker.sh start
-	engine_started=1
-fi
+if docker_start; then engine_started=1; fi
 # The engine runs each build step in a container of its own under the cgroup /docker (its
 # default cgroupfs driver), where nice does not reach: the kernel weighs that cgroup
 # against this session as a peer. Marked idle (cpu.idle, Linux 5.15) for the run, it gets
@@ -42,7 +41,7 @@ finish() {
 		kill -- -"$background" 2>/dev/null || true
 		wait "$background" 2>/dev/null || true
 	fi
-	if ((engine_started)); then hack/docker.sh stop; fi
+	if ((engine_started)); then docker_stop; fi
 	if [[ -n "$engine_cgroup" ]]; then echo 0 >"$engine_cgroup/cpu.idle" 2>/dev/null || true; fi
 }
 trap finish EXIT
