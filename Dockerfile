@@ -30,12 +30,8 @@ RUN set -eu; \
 # The commit `--version` names (.git is not in the build's context).
 ARG GIT_COMMIT=unknown
 WORKDIR /src
-COPY Cargo.toml Cargo.lock build.rs ./
-# Cargo.toml declares the bench: cargo wants its file even to build the binary.
-COPY benches ./benches
-# The test kit is a member of the workspace: cargo reads its manifest, never builds it.
-COPY testkit ./testkit
-COPY src ./src
+# What .dockerignore lets into the context: the manifests, the lock file and the sources.
+COPY . ./
 # The registry and the target directory stay in BuildKit's cache between builds: a code
 # change recompiles the crate, not its dependencies. The binary leaves the cache by copy.
 # No build path in the binary: the crates' sources are named from the registry's root and

@@ -4,8 +4,11 @@
 # cds-secret-guard:dev.
 #
 #   hack/image.sh [DIR]   DIR: another checkout (an earlier commit's, for the upgrade
-#                         tests), built from its own Dockerfile and tagged with its
-#                         version only
+#                         tests), its sources built with this checkout's Dockerfile and
+#                         tagged with its version only. Compiled as this checkout is (the
+#                         same compiler, flags and base images), it takes the crates it
+#                         shares with this checkout's build from the build's cache rather
+#                         than compiling them again.
 #
 # PLATFORMS (default: the host's, e.g. linux/amd64) names the platforms to build, among
 # linux/amd64 and linux/arm64: the host's is tagged as above, another as
@@ -67,20 +70,20 @@ die() {
 }
 
 # dockerfile_arg NAME: the default the Dockerfile gives the build argument NAME.
-dockerfile_arg() { sed -n "s/^ARG $1=\(.*\)$/\1/p" "$context/Dockerfile" | head -n1; }
+dockerfile_arg() { sed -n "s/^ARG $1=\(.*\)$/\1/p" "$repo/Dockerfile" | head -n1; }
 # The build arguments: the environment's, else the Dockerfile's defaults (BUILD_IMAGE's
-# names RUST_VERSION). An earlier Dockerfile may name its images literally.
+# names RUST_VERSION).
 build_args=()
 for arg in RUST_VERSION BUILD_IMAGE RUNTIME_IMAGE; do
 	value="${!arg:-$(dockerfile_arg "$arg")}"
 	value="${value//\$\{RUST_VERSION\}/${RUST_VERSION:-}}"
 	declare "$arg=$value"
-	[[ -z "$value" ]] || build_args+=(--build-arg "$arg=$value")
+	build_args+=(--build-arg "$arg=$value")
 done
 # base_images: the FROM images, with the build arguments substituted.
 base_images() {
 	local image arg
-	sed -n 's/^FROM[[:space:]]\+\(--platform=[^[:space:]]\+[[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' "$context/Dockerfile" | while read -r image; do
+	sed -n 's/^FROM[[:space:]]\+\(--platform=[^[:space:]]\+[[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' "$repo/Dockerfile" | while read -r image; do
 		for arg in RUST_VERSION BUILD_IMAGE RUNTIME_IMAGE; do image="${image//\$\{$arg\}/${!arg}}"; done
 		echo "$image"
 	done
@@ -304,7 +307,7 @@ for platform in $platforms; do
 	t=$(date +%s)
 	# --network=host: the build's cargo reaches crates.io through the host's network.
 	dk build --network=host --progress=plain ${NO_CACHE:+--no-cache} --platform "$platform" "${build_args[@]}" \
-		"${platform_args[@]}" --build-arg "GIT_COMMIT=$commit" "${platform_tags[@]}" "$context" >"$cache/build.log" 2>&1 ||
+		"${platform_args[@]}" --build-arg "GIT_COMMIT=$commit" "${platform_tags[@]}" -f "$repo/Dockerfile" "$context" >"$cache/build.log" 2>&1 ||
 		{ tail -n 40 "$cache/build.log" >&2; die "docker build failed; see $cache/build.log"; }
 	log "built in $(($(date +%s) - t))s (log: $cache/build.log)"
 	image="${platform_tags[1]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The image `make release` pushes, made locally: `make image` for linux/amd64 and
-# linux/arm64 (the host's platform alone when the tree's Dockerfile does not cross-compile,
-# as an earlier release's), each saved from the engine, then release-image (hack/tools)
+# linux/arm64 (the host's platform alone for an earlier release whose own Dockerfile did not
+# cross-compile: it published no other), each saved from the engine, then release-image (hack/tools)
 # sets every timestamp to the commit's and writes them as one OCI image index. Prints its
 # digest: two builds of one commit print the same.
 #
@@ -38,7 +38,7 @@ host_arch="$(dk version -f '{{.Server.Arch}}')"
 platforms=(linux/amd64 linux/arm64)
 if ! grep -q 'BUILDPLATFORM' "$tree/Dockerfile"; then
 	platforms=("linux/$host_arch")
-	log "$tree's Dockerfile does not cross-compile: ${platforms[*]} only"
+	log "$tree's own Dockerfile did not cross-compile: its release is ${platforms[*]} only"
 fi
 PLATFORMS="${platforms[*]}" "$repo/hack/image.sh" "$tree"
 saved=()

@@ -22,7 +22,8 @@
 # signed by that key is not signed again.
 #
 #   hack/release.sh [DIR]   DIR: another checkout (an earlier commit's) released instead,
-#                           its image built from its own Dockerfile (the upgrade tests)
+#                           its sources built with this checkout's Dockerfile (hack/image.sh
+#                           DIR; the upgrade tests)
 #
 # Env:
 #   REGISTRY            host:port, or host:port/path (required)

@@ -1,9 +1,10 @@
 //! The guard as an operator gets it: `make release` pushes the image and the chart to the
 //! node's registry (TLS, basic authentication), the chart is installed from `oci://`, and
-//! the node pulls the image with the chart's `imagePullSecrets`. The previous release,
-//! built from the commit `PREVIOUS_RELEASE` names, is upgraded to this one, rolled back and
-//! forward again under the hatchery's load; and an install with a tag that does not exist
-//! leaves no webhook behind.
+//! the node pulls the image with the chart's `imagePullSecrets`. The previous release (the
+//! commit `PREVIOUS_RELEASE` names: its chart, and its sources built with this Dockerfile,
+//! whose compiled crates they share) is upgraded to this one, rolled back and forward again
+//! under the hatchery's load; and an install with a tag that does not exist leaves no webhook
+//! behind.
 
 use std::{
     path::{Path, PathBuf},
