@@ -373,7 +373,7 @@ pub async fn released_chart_upgrades_and_rolls_back_under_load() {
 /// the fail-closed webhook first among it.
 async fn a_bad_tag_leaves_no_webhook(registry: &Registry) {
     namespace_with_pull_secret(registry);
-    let installed = from_the_registry(registry, "install", VERSION, &["image.tag=does-not-exist"], "60s");
+    let installed = from_the_registry(registry, "install", VERSION, &["image.tag=does-not-exist"], "20s");
     println!(
         "release: install with a missing tag: {}",
         String::from_utf8_lossy(&installed.stderr).trim()
