@@ -175,6 +175,8 @@ test_tools() {
 
 # What a release signs and describes with: cosign, and cargo-cyclonedx, a Rust tool
 # (`cargo install --locked`, its own Cargo.lock, keyed by its version and the host's rustc).
+# Built unoptimised: it reads cargo's metadata once per release (0.9 s against 0.4 s, the
+# same SBOM), and compiles in half the time (61 s against 134 s on 2 cores).
 release_tools() {
 	if [[ "$cosign_version" != "$(awk '$1 == "github.com/sigstore/cosign/v3" {print $2}' "$here/cosign/go.mod")" ]]; then
 		echo "build.sh: cosign/go.mod does not pin cosign $cosign_version" >&2
@@ -183,13 +185,13 @@ release_tools() {
 	cached_go_build cosign- \
 		cosign cosign github.com/sigstore/cosign/v3/cmd/cosign "$cosign_ldflags" ""
 	local key
-	key="$(echo "cargo-cyclonedx@$cyclonedx_version $(rustc -V)" | sha256sum | cut -c1-16)"
+	key="$(echo "cargo-cyclonedx@$cyclonedx_version --debug $(rustc -V)" | sha256sum | cut -c1-16)"
 	cached_build "$cache_root/tools/cyclonedx-$key" "$out" cargo-cyclonedx cargo_installs
 }
 cargo_installs() {
 	local tmp="$1" t
 	t=$(date +%s)
-	cargo install --quiet --locked --root "$tmp/root" "cargo-cyclonedx@$cyclonedx_version"
+	cargo install --quiet --debug --locked --root "$tmp/root" "cargo-cyclonedx@$cyclonedx_version"
 	mv "$tmp/root/bin/cargo-cyclonedx" "$tmp/" && rm -rf "$tmp/root"
 	echo "build.sh: cargo-cyclonedx built in $(($(date +%s) - t))s"
 }
