@@ -4,11 +4,7 @@
 # cds-secret-guard:dev.
 #
 #   hack/image.sh [DIR]   DIR: another checkout (an earlier commit's, for the upgrade
-#                         tests), its sources built with this checkout's Dockerfile and
-#                         tagged with its version only. Compiled as this checkout is (the
-#                         same compiler, flags and base images), it takes the crates it
-#                         shares with this checkout's build from the build's cache rather
-#                         than compiling them again.
+#                         tests), built from its Dockerfile and tagged with its version only
 #
 # PLATFORMS (default: the host's, e.g. linux/amd64) names the platforms to build, among
 # linux/amd64 and linux/arm64: the host's is tagged as above, another as
@@ -33,7 +29,11 @@
 # Each stand-in is labelled io.cds-secret-guard.stand-in=<hash of its recipe> and rebuilt
 # when the recipe changes. The Dockerfile's own steps then run as they do anywhere.
 #
-# Env: BUILD_IMAGE, RUNTIME_IMAGE, RUST_VERSION (the Dockerfile's arguments); NO_CACHE=1
+# Env: DOCKERFILE, the Dockerfile to build with (default: the checkout's own). The upgrade
+# tests build the previous release's sources with this checkout's: compiled as this one is
+# (the same compiler, flags and base images), they take the crates both share from the
+# build's cache rather than compiling them again.
+# BUILD_IMAGE, RUNTIME_IMAGE, RUST_VERSION (the Dockerfile's arguments); NO_CACHE=1
 # runs every step of the Dockerfile again (with the Debian engine, from empty cargo caches);
 # DEBIAN_MIRROR (the stand-ins' Debian archive; default: the host's apt sources' bookworm
 # archive, else deb.debian.org); CDS_GUARD_CACHE (default ~/.cache/cds-secret-guard).
@@ -45,6 +45,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${CDS_GUARD_CACHE:-$HOME/.cache/cds-secret-guard}/image"
 name=cds-secret-guard
 context="$(cd "${1:-$repo}" && pwd)"
+dockerfile="$(realpath "${DOCKERFILE:-$context/Dockerfile}")"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$context/Cargo.toml" | head -n1)"
 tags=(-t "$name:$version")
 [[ "$context" != "$repo" ]] || tags+=(-t "$name:dev")
@@ -70,20 +71,20 @@ die() {
 }
 
 # dockerfile_arg NAME: the default the Dockerfile gives the build argument NAME.
-dockerfile_arg() { sed -n "s/^ARG $1=\(.*\)$/\1/p" "$repo/Dockerfile" | head -n1; }
+dockerfile_arg() { sed -n "s/^ARG $1=\(.*\)$/\1/p" "$dockerfile" | head -n1; }
 # The build arguments: the environment's, else the Dockerfile's defaults (BUILD_IMAGE's
-# names RUST_VERSION).
+# names RUST_VERSION). An earlier Dockerfile may name its images literally.
 build_args=()
 for arg in RUST_VERSION BUILD_IMAGE RUNTIME_IMAGE; do
 	value="${!arg:-$(dockerfile_arg "$arg")}"
 	value="${value//\$\{RUST_VERSION\}/${RUST_VERSION:-}}"
 	declare "$arg=$value"
-	build_args+=(--build-arg "$arg=$value")
+	[[ -z "$value" ]] || build_args+=(--build-arg "$arg=$value")
 done
 # base_images: the FROM images, with the build arguments substituted.
 base_images() {
 	local image arg
-	sed -n 's/^FROM[[:space:]]\+\(--platform=[^[:space:]]\+[[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' "$repo/Dockerfile" | while read -r image; do
+	sed -n 's/^FROM[[:space:]]\+\(--platform=[^[:space:]]\+[[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' "$dockerfile" | while read -r image; do
 		for arg in RUST_VERSION BUILD_IMAGE RUNTIME_IMAGE; do image="${image//\$\{$arg\}/${!arg}}"; done
 		echo "$image"
 	done
@@ -303,11 +304,11 @@ for platform in $platforms; do
 			platform_args=(--build-arg "RUNTIME_IMAGE=$RUNTIME_IMAGE-$arch")
 		fi
 	fi
-	log "building $name:$version for $platform (commit $commit) of $context from $(base_images | paste -sd' ')${platform_args[*]:+ (${platform_args[1]#*=} for the runtime)}"
+	log "building $name:$version for $platform (commit $commit) of $context${DOCKERFILE:+ with $dockerfile} from $(base_images | paste -sd' ')${platform_args[*]:+ (${platform_args[1]#*=} for the runtime)}"
 	t=$(date +%s)
 	# --network=host: the build's cargo reaches crates.io through the host's network.
 	dk build --network=host --progress=plain ${NO_CACHE:+--no-cache} --platform "$platform" "${build_args[@]}" \
-		"${platform_args[@]}" --build-arg "GIT_COMMIT=$commit" "${platform_tags[@]}" -f "$repo/Dockerfile" "$context" >"$cache/build.log" 2>&1 ||
+		"${platform_args[@]}" --build-arg "GIT_COMMIT=$commit" "${platform_tags[@]}" -f "$dockerfile" "$context" >"$cache/build.log" 2>&1 ||
 		{ tail -n 40 "$cache/build.log" >&2; die "docker build failed; see $cache/build.log"; }
 	log "built in $(($(date +%s) - t))s (log: $cache/build.log)"
 	image="${platform_tags[1]}"

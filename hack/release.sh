@@ -21,9 +21,9 @@
 # has no referrers API); no transparency log is written to. An unchanged release already
 # signed by that key is not signed again.
 #
-#   hack/release.sh [DIR]   DIR: another checkout (an earlier commit's) released instead,
-#                           its sources built with this checkout's Dockerfile (hack/image.sh
-#                           DIR; the upgrade tests)
+#   hack/release.sh [DIR]   DIR: another checkout (an earlier commit's) released instead
+#                           (the upgrade tests; DOCKERFILE, as hack/image.sh reads it, builds
+#                           its sources with another Dockerfile than its own)
 #
 # Env:
 #   REGISTRY            host:port, or host:port/path (required)

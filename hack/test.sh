@@ -49,10 +49,10 @@ trap finish EXIT
 # What the shipped suite builds, in the order it needs them: the node's image, the
 # release's tools, the image for arm64, and the image of the release before this one
 # (tests/node/shipped/release.rs names its commit), which the suite upgrades from. That
-# one is built from the commit's files, under the name its worktree's build gives it, with
-# this checkout's Dockerfile (image.sh DIR): its crates are the node image's, already
-# compiled. image.sh builds one image at a time: the suite's release, which finds its own
-# images cached, may wait behind the last build.
+# one is built from the commit's files with this checkout's Dockerfile, as the suite builds
+# it (its crates are the node image's, already compiled), under the name its worktree's
+# build gives it. image.sh builds one image at a time: the suite's release, which finds its
+# own images cached, may wait behind the last build.
 background_builds() {
 	hack/image.sh
 	hack/tools/build.sh release
@@ -63,7 +63,7 @@ background_builds() {
 	rm -rf "$tree" && mkdir -p "$tree"
 	# With the modes a checkout gives them (umask 022): the build's cache compares them.
 	git -c tar.umask=0022 archive "$previous" | tar -x -C "$tree"
-	GIT_COMMIT="$(git rev-parse --short=12 "$previous")" hack/image.sh "$tree"
+	DOCKERFILE=Dockerfile GIT_COMMIT="$(git rev-parse --short=12 "$previous")" hack/image.sh "$tree"
 	rm -rf "$tree"
 }
 # Its own process group (set -m), so that `finish` stops the builds with it.

@@ -1,8 +1,8 @@
 //! The guard as an operator gets it: `make release` pushes the image and the chart to the
 //! node's registry (TLS, basic authentication), the chart is installed from `oci://`, and
 //! the node pulls the image with the chart's `imagePullSecrets`. The previous release (the
-//! commit `PREVIOUS_RELEASE` names: its chart, and its sources built with this Dockerfile,
-//! whose compiled crates they share) is upgraded to this one, rolled back and forward again
+//! commit `PREVIOUS_RELEASE` names: its chart, and its sources built with this checkout's
+//! Dockerfile, whose compiled crates they share) is upgraded to this one, rolled back and forward again
 //! under the hatchery's load; and an install with a tag that does not exist leaves no webhook
 //! behind.
 
@@ -270,7 +270,11 @@ fn rollback(revision: &str) {
 pub async fn released_chart_upgrades_and_rolls_back_under_load() {
     let registry = Registry::of_the_node();
     let previous = previous_release_tree();
-    registry.release(Some(&previous));
+    // Its sources built with this checkout's Dockerfile: the crates both share are
+    // compiled once.
+    run(registry
+        .release_command(Some(&previous))
+        .env("DOCKERFILE", cluster::repo().join("Dockerfile")));
     let key = SigningKey::generate(&registry, "release-key");
     published::released_signed_and_immutable(&registry, &key);
     published::unsigned_and_foreign_signatures_fail(&registry, &key, PREVIOUS_VERSION);
