@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The image `make release` pushes, made locally: `make image` for linux/amd64 and
 # linux/arm64 (the host's platform alone for an earlier release whose own Dockerfile did not
-# cross-compile: it published no other), each saved from the engine, then release-image (hack/tools)
-# sets every timestamp to the commit's and writes them as one OCI image index. Prints its
-# digest: two builds of one commit print the same.
+# cross-compile: it published no other), each saved from the engine, then release-image
+# (hack/tools) sets every timestamp to the commit's and writes them as one OCI image index.
+# Prints its digest: two builds of one commit print the same.
 #
 #   hack/release-image.sh TREE OUT   TREE: a checkout; OUT: the OCI image layout to write
 #

@@ -2,9 +2,9 @@
 //! node's registry (TLS, basic authentication), the chart is installed from `oci://`, and
 //! the node pulls the image with the chart's `imagePullSecrets`. The previous release (the
 //! commit `PREVIOUS_RELEASE` names: its chart, and its sources built with this checkout's
-//! Dockerfile, whose compiled crates they share) is upgraded to this one, rolled back and forward again
-//! under the hatchery's load; and an install with a tag that does not exist leaves no webhook
-//! behind.
+//! Dockerfile, whose compiled crates they share) is upgraded to this one, rolled back and
+//! forward again under the hatchery's load; and an install with a tag that does not exist
+//! leaves no webhook behind.
 
 use std::{
     path::{Path, PathBuf},
@@ -69,12 +69,8 @@ impl Registry {
     }
 
     /// `hack/release.sh` (what `make release` runs) for this checkout or another, as an
-    /// operator with a login and the registry's CA; helm's logins kept under target/.
-    pub fn release(&self, tree: Option<&Path>) {
-        run(&mut self.release_command(tree));
-    }
-
-    /// The command `release` runs, for more environment (`COSIGN_KEY`, `NO_CACHE`).
+    /// operator with a login and the registry's CA; helm's logins kept under target/. More
+    /// environment as the caller needs it (`COSIGN_KEY`, `DOCKERFILE`).
     pub fn release_command(&self, tree: Option<&Path>) -> Command {
         let mut command = Command::new(cluster::repo().join("hack/release.sh"));
         command
