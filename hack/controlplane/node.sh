@@ -372,7 +372,7 @@ node_report() { # what keeps pods off the node: its taints and conditions
 node_up() {
 	node_install
 	# The registry is one of hack/tools' binaries (cached: a link when built before).
-	[[ -x "$repo/target/tools/bin/registry" ]] || "$repo/hack/tools/build.sh" >&2
+	[[ -x "$repo/target/tools/bin/registry" ]] || "$repo/hack/tools/build.sh" test >&2
 	mkdir -p "$node_dir"
 	node_pki
 	node_configs

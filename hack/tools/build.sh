@@ -15,7 +15,8 @@
 #                                     release-image, cosign and cargo-cyclonedx
 #                                     (`make tools`, `make release`)
 #   hack/tools/build.sh test         what the suites run: all but cosign and
-#                                     cargo-cyclonedx (`make test`, before its suites)
+#                                     cargo-cyclonedx (`make test`, before its suites;
+#                                     `make run`)
 #   hack/tools/build.sh release      cosign and cargo-cyclonedx only (`make test`, in
 #                                     the background, for the shipped suite's releases)
 #   hack/tools/build.sh prometheus   the Prometheus server only (`make dashboard`),
